@@ -1,0 +1,1 @@
+"""Batch reindexing into metric-native FAISS indexes, versioned on disk."""

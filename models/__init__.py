@@ -1,0 +1,1 @@
+"""Probabilistic encoders, Gaussian math, datasets, training and evaluation."""

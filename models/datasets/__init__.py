@@ -1,0 +1,1 @@
+"""Built-in and user datasets of image-caption pairs."""

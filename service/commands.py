@@ -1,0 +1,5 @@
+"""Subcommands of the service stage: serve."""
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
