@@ -4,6 +4,7 @@ import typer
 
 from indexer.cli import app as indexer_app
 from models.cli import app as models_app
+from models.datasets.cli import app as data_app
 from service.commands import app as service_app
 
 app = typer.Typer(
@@ -13,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(models_app)
+app.add_typer(data_app, name="data", help="Generate or check datasets.")
 app.add_typer(indexer_app)
 app.add_typer(service_app)
 
