@@ -1,5 +1,190 @@
 """Subcommands of the index stage: reindex and index list|activate|rollback|gc."""
 
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
 import typer
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 app = typer.Typer(no_args_is_help=True)
+index_app = typer.Typer(no_args_is_help=True, help="Inspect and switch published index versions.")
+app.add_typer(index_app, name="index")
+
+T = TypeVar("T")
+
+
+class IndexerSettings(BaseSettings):
+    """Environment defaults of the indexer commands (flags override them)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PROBSEARCH_", extra="ignore", env_ignore_empty=True
+    )
+
+    index_root: Path | None = None
+    model: Path | None = None
+    redis_url: str | None = None
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _run(action: Callable[[], T]) -> T:
+    """Run a command body; domain errors become one line on stderr, never a traceback."""
+    try:
+        return action()
+    except KeyboardInterrupt:
+        raise _fail(
+            "interrupted: nothing was published and the active version is unchanged;"
+            " run the same command again to resume from the embedded chunks",
+            130,
+        ) from None
+    except (ValueError, OSError) as e:
+        raise _fail(str(e)) from None
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _resolve(flag: T | None, env: T | None, name: str, env_name: str) -> T:
+    value = flag if flag is not None else env
+    if value is None:
+        raise _fail(f"{name} is required: pass {name} or set {env_name}", 2)
+    return value
+
+
+ModalityOpt = Annotated[str, typer.Option("--modality", help="image or text gallery.")]
+RootOpt = Annotated[
+    Path | None, typer.Option("--index-root", help="Index root [env PROBSEARCH_INDEX_ROOT].")
+]
+RedisOpt = Annotated[
+    str | None, typer.Option("--redis-url", help="Redis URL [env PROBSEARCH_REDIS_URL].")
+]
+
+
+@app.command()
+def reindex(
+    modality: ModalityOpt,
+    source: Annotated[
+        Path, typer.Option(help="Dataset dir, captions .jsonl, image folder or COCO .json.")
+    ],
+    model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
+    index_root: RootOpt = None,
+    metrics: Annotated[str, typer.Option(help="Comma-separated metrics to serve.")] = "w2",
+    index_type: Annotated[str, typer.Option(help="auto|flat|ivf|hnsw|ivfpq")] = "auto",
+    dtype: Annotated[str, typer.Option(help="float32|float16 for mu.npy/logvar.npy.")] = "float32",
+    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = 64,
+    chunk_items: Annotated[int, typer.Option(min=1, help="Items per resumable chunk.")] = 4096,
+    activate: Annotated[bool, typer.Option(help="Make the new version active.")] = False,
+    redis_url: RedisOpt = None,
+    max_bad_fraction: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.01,
+    split: Annotated[str | None, typer.Option(help="Only this split of a dataset.")] = None,
+    image_root: Annotated[Path | None, typer.Option(help="Image folder of a COCO json.")] = None,
+    memory_budget_gb: Annotated[float | None, typer.Option(help="Index RAM budget.")] = None,
+    device: Annotated[str, typer.Option(help="auto|cpu|cuda for the encoder.")] = "auto",
+) -> None:
+    """Embed a gallery and publish a new index version (optionally activating it)."""
+    from indexer.publish import ReindexJob, run_reindex
+
+    settings = IndexerSettings()
+    job = ReindexJob(
+        modality=modality,
+        source=source,
+        model_dir=_resolve(model, settings.model, "--model", "PROBSEARCH_MODEL"),
+        index_root=_resolve(
+            index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT"
+        ),
+        metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()),
+        index_type=index_type,
+        dtype=dtype,
+        batch_size=batch_size,
+        chunk_items=chunk_items,
+        activate=activate,
+        redis_url=redis_url if redis_url is not None else settings.redis_url,
+        max_bad_fraction=max_bad_fraction,
+        split=split,
+        image_root=image_root,
+        memory_budget=int(memory_budget_gb * 2**30) if memory_budget_gb else None,
+        device=device,
+    )
+    _setup_logging()
+    result = _run(lambda: run_reindex(job))
+    report = result.report
+    typer.echo(
+        f"published {modality} version {result.version} at {result.path}: {report['kept']} items"
+        f" ({report['bad']} skipped, {result.reused_chunks} chunks reused)"
+        + ("; activated" if result.activated else "")
+    )
+
+
+def _registry(index_root: Path | None, redis_url: str | None):
+    from indexer.registry import ActiveRegistry
+
+    settings = IndexerSettings()
+    root = _resolve(index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT")
+    return ActiveRegistry(root, redis_url if redis_url is not None else settings.redis_url)
+
+
+@index_app.command("list")
+def list_versions(
+    modality: ModalityOpt, index_root: RootOpt = None, redis_url: RedisOpt = None
+) -> None:
+    """List published versions, oldest first; `*` marks the active one."""
+    from indexer.manifest import read_manifest
+
+    registry = _registry(index_root, redis_url)
+
+    def body() -> None:
+        active = registry.active_version(modality)
+        versions = registry.versions(modality)
+        if not versions:
+            typer.echo(f"no {modality} versions under {registry.index_root}")
+        for version in versions:
+            m = read_manifest(registry.version_path(modality, version))
+            mark = "*" if version == active else " "
+            typer.echo(
+                f"{mark} {version}  {m.count} items  {m.index_type}  {','.join(m.metrics)}"
+                f"  model {m.model_name}  {m.created_at}"
+            )
+
+    _run(body)
+
+
+@index_app.command("activate")
+def activate_version(
+    modality: ModalityOpt,
+    version: Annotated[str, typer.Argument(help="Version name (see `index list`).")],
+    index_root: RootOpt = None,
+    redis_url: RedisOpt = None,
+) -> None:
+    """Make a published version active (Redis key, ACTIVE file, activation event)."""
+    registry = _registry(index_root, redis_url)
+    _run(lambda: registry.activate(modality, version))
+    typer.echo(f"activated {modality} version {version}")
+
+
+@index_app.command("rollback")
+def rollback(modality: ModalityOpt, index_root: RootOpt = None, redis_url: RedisOpt = None) -> None:
+    """Activate the newest version older than the active one."""
+    registry = _registry(index_root, redis_url)
+    version = _run(lambda: registry.rollback(modality))
+    typer.echo(f"rolled back: {modality} version {version} is active")
+
+
+@index_app.command("gc")
+def gc(
+    modality: ModalityOpt,
+    keep: Annotated[int, typer.Option(min=1, help="Newest versions to keep.")] = 3,
+    index_root: RootOpt = None,
+    redis_url: RedisOpt = None,
+) -> None:
+    """Delete old versions, keeping the newest --keep and always the active one."""
+    registry = _registry(index_root, redis_url)
+    removed = _run(lambda: registry.gc(modality, keep))
+    typer.echo(f"removed {len(removed)} {modality} versions" + "".join(f"\n  {v}" for v in removed))

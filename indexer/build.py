@@ -1,0 +1,444 @@
+"""FAISS indexes from metric-native augmented vectors: type choice, build, search-parameter tuning.
+
+One index per family (models.augmented). Exact mu/logvar never live in FAISS: the indexes only
+produce shortlists. Search parameters (nprobe / efSearch) are stored per family and passed with
+every search call, never set on the shared index.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+import numpy as np
+from faiss.contrib.exhaustive_search import knn_ground_truth
+
+from models.augmented import (
+    augmented_dim,
+    gallery_vectors,
+    index_form,
+    query_vectors,
+    scores_to_distances,
+)
+
+INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
+FLAT_MAX_ITEMS = 50_000  # below this, exact search is fast enough (< ~10 ms per query on CPU)
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 80
+TARGET_RECALL = 0.98  # recall@10 that tuning aims for on sampled queries
+TUNING_QUERIES = 200
+ADD_BATCH_ROWS = 65_536
+PQ_SHORTLIST = 100  # IVF-PQ is tuned for the exact top-10 inside its top-100
+PQ_GPU_SUBQUANTIZERS = (1, 2, 3, 4, 8, 12, 16, 20, 24, 28, 32, 48, 56, 64, 96)
+
+
+class IndexBuildError(ValueError):
+    """An index cannot be built as asked (unknown type, gallery too small, over budget)."""
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """The chosen index type and its build parameters per family."""
+
+    index_type: str
+    params: dict[str, dict[str, Any]]  # family -> {"nlist", "pq_m", "hnsw_m", "pad_dim", ...}
+
+
+def ivf_nlist(count: int) -> int:
+    """About 4*sqrt(N) lists (a power of two), with at least 39 training points per list."""
+    nlist = 2 ** round(math.log2(max(4.0 * math.sqrt(count), 1.0)))
+    return int(max(1, min(nlist, count // 39)))
+
+
+def pq_subquantizers(dim: int) -> tuple[int, int]:
+    """PQ sub-quantizer count m (one GPU supports, about 4 dims each) and the padded dim."""
+    m = max(q for q in PQ_GPU_SUBQUANTIZERS if q <= max(1, dim // 4))
+    return m, m * math.ceil(dim / m)
+
+
+def bytes_per_item(index_type: str, dim: int) -> float:
+    """Approximate resident bytes per gallery item of one family's index."""
+    if index_type == "flat":
+        return 4.0 * dim
+    if index_type == "ivf":
+        return 4.0 * dim + 8
+    if index_type == "hnsw":
+        return 4.0 * (dim + 1) + 2 * HNSW_M * 4 * 1.05  # level-0 links dominate
+    if index_type == "ivfpq":
+        return float(pq_subquantizers(dim)[0] + 8)
+    raise IndexBuildError(f"unknown index type {index_type!r}; choose one of {INDEX_TYPES}")
+
+
+def default_memory_budget() -> int:
+    """Half of the machine's physical memory, in bytes."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.5)
+
+
+def plan_index(
+    index_type: str, count: int, dim: int, families: tuple[str, ...], memory_budget: int
+) -> IndexPlan:
+    """Choose the index type ("auto") and its parameters for `count` items of dimension `dim`.
+
+    auto: flat below FLAT_MAX_ITEMS items (exact); IVF-Flat while the full vectors of every
+    family fit the memory budget; IVF-PQ beyond. HNSW is available on request (lowest latency,
+    but ~270 B/item more and a slow build; inner-product families go through a MIPS->L2 map).
+    """
+    if index_type not in INDEX_TYPES:
+        raise IndexBuildError(f"unknown index type {index_type!r}; choose one of {INDEX_TYPES}")
+    dims = {family: augmented_dim(family, dim) for family in families}
+    if index_type == "auto":
+        flat_bytes = count * sum(bytes_per_item("ivf", d) for d in dims.values())
+        if count < FLAT_MAX_ITEMS:
+            index_type = "flat"
+        else:
+            index_type = "ivf" if flat_bytes <= memory_budget else "ivfpq"
+    minimum = {"ivf": 2 * 39, "ivfpq": 1024}.get(index_type, 1)  # k-means training points
+    if count < minimum:
+        raise IndexBuildError(
+            f"{index_type} needs at least {minimum} items; got {count}: use --index-type flat"
+        )
+    params: dict[str, dict[str, Any]] = {}
+    for family, d in dims.items():
+        p: dict[str, Any] = {"dim": d, "faiss_metric": index_form(family).faiss_metric}
+        if index_type in ("ivf", "ivfpq"):
+            p["nlist"] = ivf_nlist(count)
+        if index_type == "ivfpq":
+            p["pq_m"], p["pad_dim"] = pq_subquantizers(d)
+        if index_type == "hnsw":
+            p["hnsw_m"] = HNSW_M
+            p["ef_construction"] = HNSW_EF_CONSTRUCTION
+        params[family] = p
+    return IndexPlan(index_type, params)
+
+
+def _new_index(index_type: str, dim: int, params: dict[str, Any], metric: int) -> faiss.Index:
+    """An empty (untrained) FAISS index of the plan's type for `dim`-dimensional vectors."""
+    if index_type == "flat":
+        return faiss.index_factory(dim, "Flat", metric)
+    if index_type == "ivf":
+        return faiss.index_factory(dim, f"IVF{params['nlist']},Flat", metric)
+    if index_type == "hnsw":
+        index = faiss.index_factory(dim, f"HNSW{params['hnsw_m']},Flat", metric)
+        faiss.downcast_index(index).hnsw.efConstruction = params["ef_construction"]
+        return index
+    # "np": no polysemous training (slow, only useful for Hamming-filtered search). Zero
+    # padding to pad_dim (a multiple of m) preserves L2 and IP; a random rotation would too,
+    # but costs a BLAS call per query that stalls under OpenMP contention (8 ms measured).
+    pad_dim = params["pad_dim"]
+    pq = faiss.index_factory(pad_dim, f"IVF{params['nlist']},PQ{params['pq_m']}x8np", metric)
+    if pad_dim == dim:
+        return pq
+    return faiss.IndexPreTransform(faiss.RemapDimensionsTransform(dim, pad_dim, True), pq)
+
+
+def _row_batches(count: int, batch_rows: int = ADD_BATCH_ROWS) -> Iterator[slice]:
+    for start in range(0, count, batch_rows):
+        yield slice(start, min(start + batch_rows, count))
+
+
+def _family_vectors(family: str, mu: np.ndarray, logvar: np.ndarray, rows) -> np.ndarray:
+    """Augmented gallery vectors (n, D') of some rows of (possibly float16, mmapped) arrays."""
+    return gallery_vectors(family, np.asarray(mu[rows], np.float32), np.asarray(logvar[rows]))
+
+
+def _mips_radius2(family: str, mu: np.ndarray, logvar: np.ndarray, rows: np.ndarray) -> float:
+    """Largest squared norm of the family's gallery vectors (for the MIPS->L2 map)."""
+    radius2 = 0.0
+    for batch in _row_batches(len(rows)):
+        vectors = _family_vectors(family, mu, logvar, rows[batch]).astype(np.float64)
+        radius2 = max(radius2, float((vectors**2).sum(axis=1).max()))
+    return radius2 * (1 + 1e-6)
+
+
+def to_mips_l2(vectors: np.ndarray, radius2: float) -> np.ndarray:
+    """Gallery x -> [x, sqrt(R^2 - |x|^2)]: then argmin L2 to [q, 0] = argmax <q, x>."""
+    norms2 = (vectors.astype(np.float64) ** 2).sum(axis=1)  # (n,)
+    extra = np.sqrt(np.maximum(radius2 - norms2, 0.0))[:, None]
+    return np.ascontiguousarray(np.concatenate([vectors, extra], axis=1), dtype=np.float32)
+
+
+def duplicate_representatives(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray | None:
+    """For each row, the first row with the same mu and logvar (N,) int64; None if all differ.
+
+    Galleries repeat captions ("a man riding a wave"); indexing each embedding once keeps HNSW
+    graphs connected (with half the shapes captions duplicated, HNSW recall fell to 0.7).
+    Streams the (memory-mapped) arrays: a 64-bit hash per row, then exact byte comparison
+    within rows that share a hash.
+    """
+    count = len(mu)
+    multipliers = np.random.default_rng(0).integers(1, 2**63, 4 * mu.shape[1], dtype=np.uint64)
+    hashes = np.empty(count, np.uint64)
+    for rows in _row_batches(count):
+        words = _row_bytes(mu, logvar, rows).view(np.uint32).astype(np.uint64)  # (b, W)
+        hashes[rows] = (words * multipliers[: words.shape[1]]).sum(axis=1)  # wraps mod 2^64
+    order = np.argsort(hashes, kind="stable")  # (N,) equal hashes adjacent, rows ascending
+    starts = np.flatnonzero(np.r_[True, hashes[order][1:] != hashes[order][:-1]])
+    sizes = np.diff(np.r_[starts, count])
+    if np.all(sizes == 1):
+        return None
+    representatives = np.arange(count, dtype=np.int64)
+    for start, size in zip(starts[sizes > 1], sizes[sizes > 1], strict=True):
+        rows = order[start : start + size]  # ascending row numbers
+        content = _row_bytes(mu, logvar, rows)
+        keys = content.view(np.dtype((np.void, content.shape[1] * 4))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        representatives[rows] = rows[first[inverse.ravel()]]
+    return representatives if np.any(representatives != np.arange(count)) else None
+
+
+def _row_bytes(mu: np.ndarray, logvar: np.ndarray, rows) -> np.ndarray:
+    """The stored bytes of mu and logvar rows as uint32 words (n, W)."""
+    both = np.concatenate([np.asarray(mu[rows]), np.asarray(logvar[rows])], axis=1)
+    return np.ascontiguousarray(both).view(np.uint8).reshape(len(both), -1).view(np.uint32)
+
+
+class DuplicateGroups:
+    """Rows sharing one embedding; the index holds each group once, under its first row."""
+
+    def __init__(self, representatives: np.ndarray) -> None:
+        self.representatives = np.asarray(representatives, np.int64)  # (N,)
+        self._order = np.argsort(self.representatives, kind="stable")  # (N,) grouped rows
+        self._sorted = self.representatives[self._order]
+        self.unique_rows = np.flatnonzero(self.representatives == np.arange(len(representatives)))
+
+    def members(self, representative: int) -> np.ndarray:
+        """All rows of a group, in row order (the representative first)."""
+        lo, hi = np.searchsorted(self._sorted, [representative, representative + 1])
+        return self._order[lo:hi]
+
+    def expand(
+        self, distances: np.ndarray, rows: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Replace each representative (Q, k') by its group's rows, keeping the first k."""
+        out_distances = np.full((len(rows), k), np.inf, np.float32)
+        out_rows = np.full((len(rows), k), -1, np.int64)
+        for q in range(len(rows)):
+            filled = 0
+            for distance, row in zip(distances[q], rows[q], strict=True):
+                if row < 0 or filled >= k:
+                    break
+                members = self.members(row)[: k - filled]
+                out_rows[q, filled : filled + len(members)] = members
+                out_distances[q, filled : filled + len(members)] = distance
+                filled += len(members)
+        return out_distances, out_rows
+
+
+def build_family_index(
+    family: str,
+    mu: np.ndarray,
+    logvar: np.ndarray,
+    plan: IndexPlan,
+    *,
+    duplicates: DuplicateGroups | None = None,
+    seed: int = 0,
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """Build one family's index from mu, logvar (N, D); returns it and its final parameters.
+
+    With `duplicates`, only the representative rows are added (under their row numbers).
+    """
+    params = dict(plan.params[family])
+    metric = faiss.METRIC_INNER_PRODUCT if params["faiss_metric"] == "ip" else faiss.METRIC_L2
+    rows = duplicates.unique_rows if duplicates is not None else np.arange(len(mu))
+    if plan.index_type == "hnsw" and metric == faiss.METRIC_INNER_PRODUCT:
+        # HNSW graphs are unreliable under raw inner product (recall ~0.01 on KL vectors, see
+        # benchmarks/README.md); the MIPS->L2 map makes the search a true metric search.
+        params["mips_radius2"] = _mips_radius2(family, mu, logvar, rows)
+        metric = faiss.METRIC_L2
+    if "nlist" in params:  # duplicates leave fewer vectors to train on than planned
+        params["nlist"] = max(1, min(params["nlist"], len(rows) // 39))
+    if "pq_m" in params and len(rows) < 1024:
+        raise IndexBuildError(f"ivfpq needs 1024 distinct embeddings; got {len(rows)}: use flat")
+    mips = params.get("mips_radius2")
+    index = _new_index(plan.index_type, params["dim"] + (mips is not None), params, metric)
+    if not index.is_trained:
+        index.train(_training_sample(family, mu, logvar, rows, params, seed))
+    if duplicates is not None and plan.index_type in ("flat", "hnsw"):
+        index = faiss.IndexIDMap(index)  # IVF indexes store ids natively
+    for batch in _row_batches(len(rows)):
+        vectors = _family_vectors(family, mu, logvar, rows[batch])
+        vectors = to_mips_l2(vectors, mips) if mips is not None else vectors
+        if duplicates is None:
+            index.add(vectors)  # ids = insertion order = rows
+        else:
+            index.add_with_ids(vectors, rows[batch].astype(np.int64))
+    params["vectors"] = len(rows)
+    return index, params
+
+
+def _training_sample(
+    family: str,
+    mu: np.ndarray,
+    logvar: np.ndarray,
+    rows: np.ndarray,
+    params: dict[str, Any],
+    seed: int,
+) -> np.ndarray:
+    """A seeded random sample of `rows`' vectors: 64 per IVF list, at least 10k for PQ."""
+    wanted = 64 * params["nlist"]
+    if "pq_m" in params:
+        wanted = max(wanted, 256 * 40)
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(rows, size=min(wanted, len(rows)), replace=False))
+    return _family_vectors(family, mu, logvar, sample)
+
+
+class FamilyIndex:
+    """One family's FAISS index with its search parameters; searches in Gaussian terms."""
+
+    def __init__(
+        self,
+        family: str,
+        index: faiss.Index,
+        params: dict[str, Any],
+        search_params: dict[str, Any],
+        duplicates: DuplicateGroups | None = None,
+    ) -> None:
+        self.family = family
+        self.index = index
+        self.params = params
+        self.search_params = dict(search_params)
+        self.duplicates = duplicates
+        self._mips_radius2: float | None = params.get("mips_radius2")
+
+    def search(
+        self,
+        mu_q: np.ndarray,
+        logvar_q: np.ndarray | None,
+        k: int,
+        search_params: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded."""
+        distances, rows = self.search_index(mu_q, logvar_q, k, search_params)
+        if self.duplicates is None:
+            return distances, rows
+        return self.duplicates.expand(distances, rows, k)
+
+    def search_index(
+        self,
+        mu_q: np.ndarray,
+        logvar_q: np.ndarray | None,
+        k: int,
+        search_params: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Like search, but duplicate embeddings appear once, as their representative row."""
+        queries, const = query_vectors(self.family, mu_q, logvar_q)  # (Q, D'), (Q,)
+        if self._mips_radius2 is not None:
+            queries = np.concatenate([queries, np.zeros((len(queries), 1), np.float32)], axis=1)
+        faiss_params = make_search_parameters(self.index, search_params or self.search_params)
+        scores, rows = self.index.search(queries, k, params=faiss_params)  # (Q, k) each
+        if self._mips_radius2 is not None:
+            # ||q' - x'||^2 = |q|^2 + R^2 - 2 <q, x>  ->  <q, x>
+            q_norm2 = (queries.astype(np.float64) ** 2).sum(axis=1, keepdims=True)
+            scores = np.where(rows >= 0, 0.5 * (q_norm2 + self._mips_radius2 - scores), -np.inf)
+        distances = scores_to_distances(self.family, scores, const)
+        distances[rows < 0] = np.inf
+        return distances, rows.astype(np.int64)
+
+
+def make_search_parameters(
+    index: faiss.Index, search_params: dict[str, Any]
+) -> faiss.SearchParameters | None:
+    """Per-call faiss.SearchParameters for `index` (None for flat indexes).
+
+    IndexIDMap passes them through to its index; IndexPreTransform needs them wrapped.
+    """
+    params: faiss.SearchParameters | None = None
+    if "nprobe" in search_params:
+        params = faiss.SearchParametersIVF(nprobe=int(search_params["nprobe"]))
+    elif "efSearch" in search_params:
+        params = faiss.SearchParametersHNSW(efSearch=int(search_params["efSearch"]))
+    if params is not None and isinstance(index, faiss.IndexPreTransform):
+        wrapper = faiss.SearchParametersPreTransform()
+        wrapper.index_params = params
+        wrapper.referenced_objects = [params]  # keep the inner object alive with the wrapper
+        params = wrapper
+    return params
+
+
+def tuning_queries(
+    mu: np.ndarray, logvar: np.ndarray, num: int = TUNING_QUERIES, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Queries (Q, D) each: half are sampled gallery items themselves (what the publish check
+    searches), half are items with mu moved by half a sigma and another item's variances
+    (queries come from the other modality, so their variances do not match their neighbours')."""
+    rng = np.random.default_rng(seed + 1)
+    rows = np.sort(rng.choice(len(mu), size=min(num, len(mu)), replace=False))
+    mu_q = np.asarray(mu[rows], np.float32)
+    logvar_q = np.asarray(logvar[rows], np.float32)
+    moved = np.arange(len(rows)) % 2 == 1
+    sigma = np.exp(0.5 * logvar_q[moved])
+    mu_q[moved] += 0.5 * sigma * rng.standard_normal(sigma.shape).astype(np.float32)
+    logvar_q[moved] = logvar_q[moved][rng.permutation(int(moved.sum()))]
+    return mu_q, logvar_q
+
+
+def exact_rows(
+    family: str,
+    mu: np.ndarray,
+    logvar: np.ndarray,
+    mu_q: np.ndarray,
+    logvar_q: np.ndarray,
+    k: int,
+    rows: np.ndarray,
+) -> np.ndarray:
+    """Exhaustive top-k (Q, k) among `rows` of a family's augmented vectors (tuning truth)."""
+    queries, _ = query_vectors(family, mu_q, logvar_q)
+    is_ip = index_form(family).faiss_metric == "ip"
+    metric = faiss.METRIC_INNER_PRODUCT if is_ip else faiss.METRIC_L2
+    batches = (_family_vectors(family, mu, logvar, rows[b]) for b in _row_batches(len(rows)))
+    _, positions = knn_ground_truth(queries, batches, k, metric_type=metric)
+    return rows[positions]
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean fraction of each query's true top-k found in its returned top-k."""
+    hits = [len(set(f[f >= 0]) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)]
+    return float(np.mean(hits))
+
+
+def tune_search_params(
+    family_index: FamilyIndex,
+    mu: np.ndarray,
+    logvar: np.ndarray,
+    plan: IndexPlan,
+    *,
+    k: int = 10,
+    target: float = TARGET_RECALL,
+    seed: int = 0,
+) -> tuple[dict[str, Any], float]:
+    """The cheapest nprobe / efSearch reaching `target` recall@k on sampled queries.
+
+    For IVF-PQ, whose codes reorder close neighbours, recall counts the exact top-k found in
+    the index's top PQ_SHORTLIST (the service re-ranks a shortlist exactly), and tuning stops
+    when recall no longer improves. Returns the parameters and the recall they reached.
+    """
+    if plan.index_type == "flat":
+        return {}, 1.0
+    mu_q, logvar_q = tuning_queries(mu, logvar, seed=seed)
+    duplicates = family_index.duplicates
+    rows = duplicates.unique_rows if duplicates is not None else np.arange(len(mu))
+    truth = exact_rows(family_index.family, mu, logvar, mu_q, logvar_q, k, rows)
+    if plan.index_type == "hnsw":
+        key, candidates = "efSearch", [16, 32, 64, 128, 256, 512, 1024, 2048]
+    else:
+        key = "nprobe"
+        nlist = family_index.params["nlist"]
+        candidates = [2**i for i in range(int(math.log2(nlist)) + 1)] + [nlist]
+    is_pq = "pq_m" in family_index.params
+    found_k = PQ_SHORTLIST if is_pq else k
+    best_value, best_recall = candidates[0], -1.0
+    for value in candidates:
+        _, found = family_index.search_index(mu_q, logvar_q, found_k, {key: value})
+        recall = recall_at_k(found, truth)
+        if recall < best_recall + 0.002 and best_recall >= 0.5 and is_pq:
+            break  # plateau: more probes buy nothing against the PQ error
+        if recall > best_recall:
+            best_value, best_recall = value, recall
+        if recall >= target:
+            break
+    return {key: int(best_value)}, best_recall

@@ -1,0 +1,278 @@
+"""A reindex job end to end: embed -> build in a temp dir -> verify -> atomic rename -> activate.
+
+Nothing becomes visible before the final os.rename, and activation happens only after it, so
+Ctrl-C or a crash at any point leaves the active version untouched. Embedded chunks stay in
+<root>/<modality>/.work/<key>/ until a version is published, so a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.build import INDEX_TYPES, IndexBuildError, default_memory_budget, plan_index
+from indexer.embed import CHUNK_ITEMS, MAX_CAPTION_CHARS, EmbedSummary, embed_gallery, load_chunk
+from indexer.manifest import (
+    Calibration,
+    Manifest,
+    checksum_dir,
+    read_manifest,
+    verify_checksums,
+    write_manifest,
+)
+from indexer.registry import ActiveRegistry
+from indexer.report import build_report, check_bad_fraction, write_report
+from indexer.sources import open_source
+from indexer.store import (
+    REPORT_NAME,
+    families_for,
+    open_version,
+    served_metrics,
+    write_arrays_and_metadata,
+    write_indexes,
+)
+from models.gaussian import check_metric
+
+log = logging.getLogger(__name__)
+
+SANITY_SAMPLES = 100
+
+
+class VerificationError(ValueError):
+    """A freshly built version failed its checks; it was not published."""
+
+
+@dataclass(frozen=True)
+class ReindexJob:
+    """Everything one `probsearch reindex` run needs (built from settings + flags by the CLI)."""
+
+    modality: str
+    source: Path
+    model_dir: Path
+    index_root: Path
+    metrics: tuple[str, ...] = ("w2",)
+    index_type: str = "auto"
+    dtype: str = "float32"
+    batch_size: int = 64
+    chunk_items: int = CHUNK_ITEMS
+    activate: bool = False
+    redis_url: str | None = None
+    max_bad_fraction: float = 0.01
+    max_caption_chars: int = MAX_CAPTION_CHARS
+    split: str | None = None
+    image_root: Path | None = None
+    memory_budget: int | None = None
+    device: str = "auto"
+    progress: bool = True
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Refuse bad settings before any work is done (ValueError with the fix)."""
+        for metric in self.metrics:
+            check_metric(metric)
+        if not self.metrics:
+            raise ValueError("--metrics is empty; name at least one metric, e.g. w2")
+        if self.index_type not in INDEX_TYPES:
+            raise IndexBuildError(
+                f"unknown index type {self.index_type!r}; choose one of {', '.join(INDEX_TYPES)}"
+            )
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose float32 or float16")
+        if not 0.0 <= self.max_bad_fraction <= 1.0:
+            raise ValueError(f"--max-bad-fraction must be in [0, 1]; got {self.max_bad_fraction}")
+        if self.batch_size < 1 or self.chunk_items < 1:
+            raise ValueError("--batch-size and --chunk-items must be >= 1")
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """The published version and what the job did."""
+
+    version: str
+    path: Path
+    activated: bool
+    report: dict[str, Any]
+    reused_chunks: int
+
+
+def model_fingerprint(model_dir: Path, modality: str) -> tuple[str, str]:
+    """(model name, sha256 over model.json and the modality's ONNX encoder)."""
+    from models.model_config import IMAGE_ONNX_FILE, MODEL_FILE, TEXT_ONNX_FILE, ModelConfig
+
+    config = ModelConfig.load(model_dir)
+    digest = hashlib.sha256()
+    for name in (MODEL_FILE, IMAGE_ONNX_FILE if modality == "image" else TEXT_ONNX_FILE):
+        with open(model_dir / name, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+    return config.name, digest.hexdigest()
+
+
+def new_version_name(key: str) -> str:
+    """A name that sorts by creation time: UTC timestamp (ms) + a short hash."""
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
+    suffix = hashlib.sha256(f"{key}{time.time_ns()}{os.getpid()}".encode()).hexdigest()[:8]
+    return f"{stamp}-{suffix}"
+
+
+def run_reindex(job: ReindexJob) -> PublishResult:
+    """Embed the gallery, build and verify a version, publish it, optionally activate it."""
+    from models.encoder_runtime import OnnxEncoder
+
+    job.validate()
+    registry = ActiveRegistry(job.index_root, job.redis_url)
+    modality_dir = registry.modality_dir(job.modality)
+    source = open_source(job.source, job.modality, job.split, job.image_root)
+    model_name, model_hash = model_fingerprint(job.model_dir, job.modality)
+    key = hashlib.sha256(
+        f"{source.fingerprint}|{model_hash}|{job.chunk_items}|{job.max_caption_chars}".encode()
+    ).hexdigest()[:16]
+    work_dir = modality_dir / ".work" / key
+    encoder = OnnxEncoder(job.model_dir, job.modality, job.device, job.batch_size)
+    summary = embed_gallery(
+        source.items(),
+        encoder,
+        job.modality,
+        work_dir,
+        total=source.count,
+        chunk_items=job.chunk_items,
+        batch_size=job.batch_size,
+        max_caption_chars=job.max_caption_chars,
+        progress=job.progress,
+    )
+    report = build_report(summary.total, summary.bad)
+    write_report(work_dir / REPORT_NAME, report)
+    check_bad_fraction(report, job.max_bad_fraction, work_dir / REPORT_NAME)
+    version = new_version_name(key)
+    tmp_dir = modality_dir / f".tmp-{version}"
+    try:
+        tmp_dir.mkdir(parents=True)
+        info = {
+            "model_name": model_name,
+            "model_hash": model_hash,
+            "source": str(job.source.resolve()),
+        }
+        build_version(tmp_dir, job, summary, version, report, info)
+        path = publish_version(tmp_dir, registry, job.modality, version, job.activate)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # gone after the rename; cleanup on failure
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return PublishResult(version, path, job.activate, report, summary.reused_chunks)
+
+
+def build_version(
+    version_dir: Path,
+    job: ReindexJob,
+    summary: EmbedSummary,
+    version: str,
+    report: dict[str, Any],
+    info: dict[str, str],
+) -> Manifest:
+    """Write arrays, metadata, indexes, report and manifest of a new version into version_dir."""
+    parts = ((c.mu, c.logvar, c.records) for c in map(load_chunk, summary.chunk_paths))
+    write_arrays_and_metadata(version_dir, parts, summary.kept, summary.dim, job.dtype)
+    write_report(version_dir / REPORT_NAME, report)
+    mu = np.load(version_dir / "mu.npy", mmap_mode="r")  # (N, D)
+    logvar = np.load(version_dir / "logvar.npy", mmap_mode="r")
+    families = families_for(job.metrics)
+    budget = job.memory_budget or default_memory_budget()
+    plan = plan_index(job.index_type, summary.kept, summary.dim, families, budget)
+    index_params, search_params = write_indexes(version_dir, mu, logvar, plan, seed=job.seed)
+    del mu, logvar
+    metrics = tuple(dict.fromkeys(served_metrics(families) + tuple(job.metrics)))
+    manifest = Manifest(
+        version=version,
+        modality=job.modality,
+        model_name=info["model_name"],
+        model_hash=info["model_hash"],
+        dim=summary.dim,
+        count=summary.kept,
+        metrics=metrics,
+        families=families,
+        index_type=plan.index_type,
+        index_params=index_params,
+        search_params=search_params,
+        calibration={metric: Calibration() for metric in metrics},
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        dtype=job.dtype,
+        source=info["source"],
+    )
+    manifest = manifest.with_files(checksum_dir(version_dir))
+    write_manifest(version_dir, manifest)
+    return manifest
+
+
+def verify_version(version_dir: Path, samples: int = SANITY_SAMPLES, seed: int = 0) -> None:
+    """Checksums, counts, and a self-search: sampled items must find themselves first.
+
+    Self-search runs in every family whose distance is 0 exactly at the item itself (all but
+    csd). An exact duplicate embedding found in its place counts as found. Exact (flat) indexes
+    must pass for every sample, approximate ones for 90% (PQ codes: within the top 10).
+    """
+    manifest = read_manifest(version_dir)
+    try:
+        verify_checksums(version_dir, manifest)
+        version = open_version(version_dir, device="cpu")
+    except ValueError as e:
+        raise VerificationError(f"new version failed verification: {e}") from e
+    try:
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(manifest.count, min(samples, manifest.count), replace=False))
+        mu_q = np.asarray(version.mu[rows], np.float32)  # (S, D)
+        logvar_q = np.asarray(version.logvar[rows], np.float32)
+        depth = 10 if manifest.index_type == "ivfpq" else 1
+        needed = 1.0 if manifest.index_type == "flat" else 0.9
+        for family in (f for f in manifest.families if f != "csd"):
+            _, found = version.shortlist(family, mu_q, logvar_q, depth)  # (S, depth)
+            hits = [_finds_itself(version, row, got) for row, got in zip(rows, found, strict=True)]
+            if np.mean(hits) < needed:
+                raise VerificationError(
+                    f"self-search failed in the {family} index: only {np.mean(hits):.0%} of"
+                    f" {len(rows)} sampled items found themselves (needed {needed:.0%});"
+                    " the index and the arrays disagree, nothing was published"
+                )
+    finally:
+        version.close()
+
+
+def _finds_itself(version: Any, row: int, found: np.ndarray) -> bool:
+    if row in found:
+        return True
+    twins = found[found >= 0]
+    return any(
+        np.array_equal(version.mu[t], version.mu[row])
+        and np.array_equal(version.logvar[t], version.logvar[row])
+        for t in twins
+    )
+
+
+def publish_version(
+    tmp_dir: Path, registry: ActiveRegistry, modality: str, version: str, activate: bool
+) -> Path:
+    """Verify tmp_dir, then under the publish lock rename it into place and maybe activate."""
+    verify_version(tmp_dir)
+    final = registry.version_path(modality, version)
+    with registry.publish_lock(modality):
+        os.rename(tmp_dir, final)
+        _fsync_dir(final.parent)
+        if activate:
+            registry.activate(modality, version)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

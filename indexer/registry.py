@@ -1,0 +1,219 @@
+"""Which index version is active: Redis key + ACTIVE pointer file, publish lock, activation events.
+
+Redis (when configured and up) is what running services read and are notified through; the
+pointer file <root>/<modality>/ACTIVE is always written too, so that a service started while
+Redis is down still finds the active version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from indexer.manifest import MANIFEST_NAME
+
+log = logging.getLogger(__name__)
+
+ACTIVE_NAME = "ACTIVE"
+EVENTS_CHANNEL = "probsearch:events"
+MODALITIES = ("image", "text")
+PUBLISH_LOCK_TIMEOUT_S = 120
+
+
+def active_key(modality: str) -> str:
+    """Redis key naming the active version of a modality's gallery."""
+    return f"probsearch:active:{modality}"
+
+
+def publish_lock_key(modality: str) -> str:
+    """Redis key of the lock held while a job publishes a version of `modality`."""
+    return f"probsearch:lock:publish:{modality}"
+
+
+class RegistryError(ValueError):
+    """A registry operation cannot be done as asked."""
+
+
+class VersionNotFoundError(RegistryError):
+    """No complete version of that name exists."""
+
+
+class PublishLockedError(RegistryError):
+    """Another job is publishing the same modality right now."""
+
+
+class ActiveRegistry:
+    """Reads and sets the active version of each modality under one index root."""
+
+    def __init__(self, index_root: Path, redis_url: str | None) -> None:
+        self.index_root = Path(index_root)
+        self.redis_url = redis_url
+        self._client: redis.Redis | None = None
+        if redis_url:
+            # One try, no backoff: a down Redis must fall back to the pointer file at once.
+            self._client = redis.Redis.from_url(
+                redis_url,
+                socket_connect_timeout=1.0,
+                socket_timeout=2.0,
+                retry=Retry(NoBackoff(), 0),
+            )
+
+    # ---- versions on disk -------------------------------------------------------------------
+
+    def modality_dir(self, modality: str) -> Path:
+        """<root>/<modality>; RegistryError for an unknown modality."""
+        if modality not in MODALITIES:
+            raise RegistryError(f"unknown modality {modality!r}; choose one of {MODALITIES}")
+        return self.index_root / modality
+
+    def version_path(self, modality: str, version: str) -> Path:
+        """Path of a version dir (which may not exist)."""
+        if not version or "/" in version or version.startswith("."):
+            raise RegistryError(f"invalid version name {version!r}")
+        return self.modality_dir(modality) / version
+
+    def versions(self, modality: str) -> list[str]:
+        """Complete (published) versions of a modality, oldest first (names sort by time)."""
+        root = self.modality_dir(modality)
+        if not root.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST_NAME).is_file()
+        )
+
+    # ---- the active version -----------------------------------------------------------------
+
+    def active_version(self, modality: str) -> str | None:
+        """The active version: Redis when reachable and set, else the pointer file, else None."""
+        if self._client is not None:
+            try:
+                value = self._client.get(active_key(modality))
+                if value is not None:
+                    return value.decode()
+            except redis.RedisError as e:
+                log.warning("Redis unreachable (%s); reading the ACTIVE pointer file", e)
+        pointer = self.modality_dir(modality) / ACTIVE_NAME
+        if pointer.is_file():
+            return pointer.read_text(encoding="utf-8").strip() or None
+        return None
+
+    def activate(self, modality: str, version: str) -> None:
+        """Make `version` active: pointer file, Redis key, and an "activated" event."""
+        path = self.version_path(modality, version)
+        if not (path / MANIFEST_NAME).is_file():
+            known = ", ".join(self.versions(modality)) or "none"
+            raise VersionNotFoundError(
+                f"no complete {modality} version {version!r} under {self.index_root}"
+                f" (known: {known})"
+            )
+        _write_atomically(self.modality_dir(modality) / ACTIVE_NAME, version + "\n")
+        if self._client is None:
+            log.warning("no Redis configured: %s is active through the ACTIVE file only", version)
+            return
+        try:
+            self._client.set(active_key(modality), version)
+            event = {"event": "activated", "modality": modality, "version": version}
+            self._client.publish(EVENTS_CHANNEL, json.dumps(event))
+        except redis.RedisError as e:
+            log.warning(
+                "Redis unreachable (%s): %s is active in the ACTIVE file only; run "
+                "`probsearch index activate` again once Redis is back",
+                e,
+                version,
+            )
+
+    def rollback(self, modality: str) -> str:
+        """Activate the newest version older than the active one; returns it."""
+        active = self.active_version(modality)
+        older = [v for v in self.versions(modality) if active is None or v < active]
+        if not older:
+            raise VersionNotFoundError(
+                f"no {modality} version older than {active!r} to roll back to"
+            )
+        self.activate(modality, older[-1])
+        return older[-1]
+
+    def gc(self, modality: str, keep: int) -> list[str]:
+        """Delete all but the newest `keep` versions, never the active one; returns the deleted."""
+        if keep < 1:
+            raise RegistryError(f"--keep must be >= 1; got {keep}")
+        active = self.active_version(modality)
+        versions = self.versions(modality)
+        doomed = [v for v in versions[: max(len(versions) - keep, 0)] if v != active]
+        for version in doomed:
+            shutil.rmtree(self.version_path(modality, version))
+        return doomed
+
+    # ---- the publish lock -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def publish_lock(
+        self, modality: str, timeout_s: float = PUBLISH_LOCK_TIMEOUT_S
+    ) -> Iterator[None]:
+        """Hold the publish lock of a modality: a local file lock, and the Redis lock when up.
+
+        Raises PublishLockedError at once (no waiting) when another job holds either.
+        """
+        root = self.modality_dir(modality)
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / ".publish.lock", "w") as lock_file:
+            try:
+                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise PublishLockedError(self._locked_message(modality, "a local job")) from None
+            with self._redis_lock(modality, timeout_s):
+                yield
+
+    @contextlib.contextmanager
+    def _redis_lock(self, modality: str, timeout_s: float) -> Iterator[None]:
+        if self._client is None:
+            yield
+            return
+        lock = self._client.lock(publish_lock_key(modality), timeout=timeout_s, blocking=False)
+        try:
+            acquired = lock.acquire()
+        except redis.RedisError as e:
+            log.warning("Redis unreachable (%s): publishing under the local file lock only", e)
+            yield
+            return
+        if not acquired:
+            raise PublishLockedError(self._locked_message(modality, publish_lock_key(modality)))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(redis.RedisError):
+                lock.release()
+
+    @staticmethod
+    def _locked_message(modality: str, holder: str) -> str:
+        return (
+            f"another job is publishing a {modality} version right now (lock held by {holder});"
+            " wait for it to finish, then run this again"
+        )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write a small file so readers see the old or the new content, never a mix."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,344 @@
+"""Index version dirs: write their parts, and open one for searching (the service's read API)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import torch
+
+from indexer.build import (
+    DuplicateGroups,
+    FamilyIndex,
+    IndexPlan,
+    build_family_index,
+    duplicate_representatives,
+    tune_search_params,
+)
+from indexer.manifest import (
+    Calibration,
+    Manifest,
+    ManifestError,
+    read_manifest,
+    verify_checksums,
+    write_manifest,
+)
+from models.augmented import INDEX_FAMILIES, candidate_families
+from models.gaussian import METRICS, elementwise_distance
+
+log = logging.getLogger(__name__)
+
+MU_NAME = "mu.npy"
+LOGVAR_NAME = "logvar.npy"
+METADATA_NAME = "metadata.sqlite"
+REPORT_NAME = "report.json"
+DUPLICATES_NAME = "duplicates.npy"  # (N,) first row with the same embedding; absent if none
+
+
+class UnsupportedMetricError(ValueError):
+    """The version has no index family that can shortlist this metric."""
+
+
+def index_file_name(family: str) -> str:
+    """File name of a family's FAISS index inside a version dir."""
+    return f"{family}.faiss"
+
+
+def families_for(metrics: Iterable[str]) -> tuple[str, ...]:
+    """The index families needed to shortlist every metric of `metrics` (sorted, unique)."""
+    return tuple(sorted({f for metric in metrics for f in candidate_families(metric)}))
+
+
+def served_metrics(families: Iterable[str]) -> tuple[str, ...]:
+    """Metrics with an exact index form (INDEX_FAMILIES) whose families are all in `families`."""
+    built = set(families)
+    return tuple(m for m in INDEX_FAMILIES if set(candidate_families(m)) <= built)
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+class MetadataWriter:
+    """Appends rows (row -> id, text or uri, extra JSON) to a new metadata.sqlite."""
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path)
+        self._db.execute(
+            "CREATE TABLE items (row INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+            " text TEXT, uri TEXT, extra TEXT NOT NULL)"
+        )
+        self.count = 0
+
+    def add(self, records: Sequence[dict[str, Any]]) -> None:
+        """Append records {"id", "text"?, "uri"?, "extra"?} as the next rows."""
+        rows = [
+            (
+                self.count + i,
+                r["id"],
+                r.get("text"),
+                r.get("uri"),
+                json.dumps(r.get("extra") or {}, sort_keys=True),
+            )
+            for i, r in enumerate(records)
+        ]
+        self._db.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?)", rows)
+        self.count += len(rows)
+
+    def close(self) -> None:
+        """Commit and close."""
+        self._db.commit()
+        self._db.close()
+
+
+def write_indexes(
+    version_dir: Path, mu: np.ndarray, logvar: np.ndarray, plan: IndexPlan, *, seed: int = 0
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Build, tune and write `<family>.faiss` for each family of the plan.
+
+    Rows with identical embeddings are indexed once; their groups go to duplicates.npy.
+    Returns (index_params, search_params) keyed by family, as stored in the manifest.
+    """
+    representatives = duplicate_representatives(mu, logvar)
+    duplicates = None
+    if representatives is not None:
+        np.save(version_dir / DUPLICATES_NAME, representatives)
+        duplicates = DuplicateGroups(representatives)
+    index_params: dict[str, dict[str, Any]] = {}
+    search_params: dict[str, dict[str, Any]] = {}
+    for family in plan.params:
+        index, params = build_family_index(
+            family, mu, logvar, plan, duplicates=duplicates, seed=seed
+        )
+        family_index = FamilyIndex(family, index, params, {}, duplicates)
+        search, recall = tune_search_params(family_index, mu, logvar, plan, seed=seed)
+        params["tuned_recall_at_10"] = round(recall, 4)
+        faiss.write_index(index, str(version_dir / index_file_name(family)))
+        index_params[family], search_params[family] = params, search
+        log.info("built %s %s index: %s, search %s", family, plan.index_type, params, search)
+    return index_params, search_params
+
+
+def update_calibration(path: Path, calibration: dict[str, Calibration]) -> Manifest:
+    """Replace the calibration (T, tau) of some metrics in a version's manifest, atomically."""
+    manifest = read_manifest(path)
+    unknown = sorted(set(calibration) - set(METRICS))
+    if unknown:
+        raise ManifestError(f"unknown metrics in calibration: {unknown}")
+    manifest = replace(manifest, calibration={**manifest.calibration, **calibration})
+    write_manifest(path, manifest)
+    return manifest
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+
+class IndexVersion:
+    """An opened version dir: manifest, memory-mapped arrays, FAISS indexes, metadata."""
+
+    def __init__(self, path: Path, device: str = "auto") -> None:
+        self.path = Path(path)
+        self.manifest: Manifest = read_manifest(self.path)
+        self.mu: np.ndarray = np.load(self.path / MU_NAME, mmap_mode="r")  # (N, D)
+        self.logvar: np.ndarray = np.load(self.path / LOGVAR_NAME, mmap_mode="r")  # (N, D)
+        self._duplicates = None
+        if (self.path / DUPLICATES_NAME).is_file():
+            self._duplicates = DuplicateGroups(np.load(self.path / DUPLICATES_NAME))
+        self._indexes = {
+            family: FamilyIndex(
+                family,
+                _load_index(self.path / index_file_name(family), device),
+                self.manifest.index_params.get(family, {}),
+                self.manifest.search_params.get(family, {}),
+                self._duplicates,
+            )
+            for family in self.manifest.families
+        }
+        self._metadata = _MetadataReader(self.path / METADATA_NAME)
+        self._check_counts()
+
+    def _check_counts(self) -> None:
+        count, dim = self.manifest.count, self.manifest.dim
+        problems = [
+            f"{name} has shape {array.shape}"
+            for name, array in ((MU_NAME, self.mu), (LOGVAR_NAME, self.logvar))
+            if array.shape != (count, dim)
+        ]
+        if self._duplicates is not None and len(self._duplicates.representatives) != count:
+            problems.append(f"{DUPLICATES_NAME} has {len(self._duplicates.representatives)} rows")
+        indexed = count if self._duplicates is None else len(self._duplicates.unique_rows)
+        problems += [
+            f"{index_file_name(f)} has {i.index.ntotal} vectors, expected {indexed}"
+            for f, i in self._indexes.items()
+            if i.index.ntotal != indexed
+        ]
+        if self._metadata.count != count:
+            problems.append(f"{METADATA_NAME} has {self._metadata.count} rows")
+        if problems:
+            raise ManifestError(
+                f"{self.path}: manifest says {count} items of dim {dim}, but " + "; ".join(problems)
+            )
+
+    def supports(self, metric: str) -> bool:
+        """Whether this version can shortlist `metric` (all its candidate families are built)."""
+        if metric not in METRICS:
+            return False
+        return set(candidate_families(metric)) <= set(self._indexes)
+
+    def shortlist(
+        self, metric: str, mu_q: np.ndarray, logvar_q: np.ndarray | None, size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Candidates for `metric`: distances (Q, size) float32 and rows (Q, size) int64.
+
+        One family: its index's distances (exact for flat, approximate for PQ). Several
+        (min_kl: kl and kl_reverse): the union of their shortlists, ranked by the exact
+        `metric` distance computed from the stored mu/logvar. Missing results are row -1,
+        distance +inf.
+        """
+        if not self.supports(metric):
+            raise UnsupportedMetricError(
+                f"index version {self.manifest.version} cannot shortlist {metric!r}; it serves "
+                f"{', '.join(self.manifest.metrics)} (rebuild with --metrics {metric})"
+            )
+        if size < 1:
+            raise ValueError(f"shortlist size must be >= 1; got {size}")
+        mu_q = np.ascontiguousarray(mu_q, dtype=np.float32)  # (Q, D)
+        families = candidate_families(metric)
+        if len(families) == 1:
+            return self._indexes[families[0]].search(mu_q, logvar_q, size)
+        rows = np.concatenate(
+            [self._indexes[f].search(mu_q, logvar_q, size)[1] for f in families], axis=1
+        )  # (Q, len(families) * size)
+        return self._rerank_union(metric, mu_q, logvar_q, rows, size)
+
+    def _rerank_union(
+        self, metric: str, mu_q: np.ndarray, logvar_q, rows: np.ndarray, size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top `size` of each query's union of candidate rows by exact `metric` distance."""
+        num_queries = len(mu_q)
+        out_rows = np.full((num_queries, size), -1, np.int64)
+        out_distances = np.full((num_queries, size), np.inf, np.float32)
+        logvar_q = np.zeros_like(mu_q) if logvar_q is None else np.asarray(logvar_q, np.float32)
+        for q in range(num_queries):
+            union = np.unique(rows[q][rows[q] >= 0])  # (U,) sorted rows read well from mmap
+            if len(union) == 0:
+                continue
+            mu_g = torch.from_numpy(np.asarray(self.mu[union], np.float32))  # (U, D)
+            logvar_g = torch.from_numpy(np.asarray(self.logvar[union], np.float32))
+            mu_rep = torch.from_numpy(mu_q[q : q + 1]).expand_as(mu_g)
+            logvar_rep = torch.from_numpy(logvar_q[q : q + 1]).expand_as(mu_g)
+            distances = elementwise_distance(metric, mu_rep, logvar_rep, mu_g, logvar_g).numpy()
+            order = np.argsort(distances, kind="stable")[:size]
+            out_rows[q, : len(order)] = union[order]
+            out_distances[q, : len(order)] = distances[order]
+        return out_distances, out_rows
+
+    def metadata(self, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """Metadata {"id", "text" or "uri", "extra"} of each row, in the order given."""
+        return self._metadata.lookup(rows)
+
+    def close(self) -> None:
+        """Release the FAISS indexes, the memory maps and the metadata connection."""
+        self._indexes = {}
+        self._metadata.close()
+        del self.mu, self.logvar
+
+
+def open_version(path: Path, device: str = "auto", verify: bool = False) -> IndexVersion:
+    """Open a version dir for searching; `verify` also checks every file's sha256 (slow)."""
+    path = Path(path)
+    if verify:
+        verify_checksums(path, read_manifest(path))
+    return IndexVersion(path, device)
+
+
+def _load_index(path: Path, device: str) -> faiss.Index:
+    """Read a FAISS index; copy it to all GPUs when asked or when "auto" finds any."""
+    if not path.is_file():
+        raise ManifestError(f"index file {path} is missing")
+    index = faiss.read_index(str(path))
+    num_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    want_gpu = device == "cuda" or (device == "auto" and num_gpus > 0)
+    if not want_gpu:
+        return index
+    if num_gpus == 0:
+        raise ValueError("device='cuda' asked for, but this FAISS build sees no GPU")
+    if isinstance(index, faiss.IndexHNSW):
+        log.info("%s: HNSW has no GPU implementation; searching it on CPU", path.name)
+        return index
+    try:
+        return faiss.index_cpu_to_all_gpus(index)
+    except RuntimeError as e:  # e.g. a pre-transform or PQ size the GPU code does not take
+        log.warning("%s stays on CPU: FAISS could not copy it to the GPU (%s)", path.name, e)
+        return index
+
+
+class _MetadataReader:
+    """Thread-safe read-only lookups in metadata.sqlite (immutable once published)."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.is_file():
+            raise ManifestError(f"metadata file {path} is missing")
+        uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+        self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        self._lock = threading.Lock()
+        self.count = self._db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
+
+    def lookup(self, rows: Sequence[int]) -> list[dict[str, Any]]:
+        wanted = [int(r) for r in rows]
+        bad = [r for r in wanted if not 0 <= r < self.count]
+        if bad:
+            raise ValueError(f"rows {bad[:5]} out of range 0..{self.count - 1}")
+        found: dict[int, dict[str, Any]] = {}
+        with self._lock:
+            for start in range(0, len(wanted), 500):
+                chunk = sorted(set(wanted[start : start + 500]))
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT row, id, text, uri, extra FROM items WHERE row IN ({marks})"
+                for row, item_id, text, uri, extra in self._db.execute(query, chunk):
+                    record: dict[str, Any] = {"id": item_id, "extra": json.loads(extra)}
+                    if text is not None:
+                        record["text"] = text
+                    if uri is not None:
+                        record["uri"] = uri
+                    found[row] = record
+        return [found[r] for r in wanted]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def write_arrays_and_metadata(
+    version_dir: Path,
+    parts: Iterable[tuple[np.ndarray, np.ndarray, Sequence[dict[str, Any]]]],
+    count: int,
+    dim: int,
+    dtype: str = "float32",
+) -> None:
+    """Stream (mu, logvar, records) parts into mu.npy, logvar.npy and metadata.sqlite."""
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"unknown dtype {dtype!r}; choose float32 or float16")
+    mu = np.lib.format.open_memmap(version_dir / MU_NAME, "w+", dtype, (count, dim))
+    logvar = np.lib.format.open_memmap(version_dir / LOGVAR_NAME, "w+", dtype, (count, dim))
+    writer = MetadataWriter(version_dir / METADATA_NAME)
+    start = 0
+    for part_mu, part_logvar, records in parts:
+        stop = start + len(records)
+        mu[start:stop] = part_mu  # (n, D)
+        logvar[start:stop] = part_logvar
+        writer.add(records)
+        start = stop
+    writer.close()
+    if start != count:
+        raise ValueError(f"expected {count} rows, the parts held {start}")
+    mu.flush()
+    logvar.flush()
+    del mu, logvar

@@ -1,0 +1,148 @@
+"""FAISS indexes against brute force: flat is exact for every metric with an index form; IVF
+and HNSW at their tuned default parameters reach recall@10 >= 0.95; the auto plan."""
+
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+import torch
+
+from indexer.build import (
+    FLAT_MAX_ITEMS,
+    IndexBuildError,
+    duplicate_representatives,
+    ivf_nlist,
+    plan_index,
+)
+from indexer.store import IndexVersion, open_version
+from models.gaussian import pairwise_distance
+from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
+
+N, D, Q, K = 20_000, 32, 100, 10
+NATIVE_METRICS = ("w2", "csd", "kl", "kl_reverse", "js", "min_kl", "mahalanobis")
+
+
+@pytest.fixture(scope="module")
+def gallery() -> tuple[np.ndarray, np.ndarray]:
+    return clustered_gaussians(N, D, seed=0)
+
+
+@pytest.fixture(scope="module")
+def queries(gallery) -> tuple[np.ndarray, np.ndarray]:
+    return nearby_queries(*gallery, num=Q, seed=1)
+
+
+@pytest.fixture(scope="module")
+def exact(gallery, queries) -> dict[str, np.ndarray]:
+    """Brute-force distances (Q, N) in float64 from models.gaussian, per metric."""
+    as64 = [torch.from_numpy(a).double() for a in (*queries, *gallery)]
+    return {m: pairwise_distance(m, *as64).numpy() for m in NATIVE_METRICS}
+
+
+def build(tmp_path_factory, gallery, metrics, index_type) -> IndexVersion:
+    path = Path(tmp_path_factory.mktemp(index_type)) / "v1"
+    write_synthetic_version(path, *gallery, metrics=metrics, index_type=index_type)
+    return open_version(path, verify=True)
+
+
+@pytest.fixture(scope="module")
+def flat(tmp_path_factory, gallery) -> IndexVersion:
+    return build(tmp_path_factory, gallery, NATIVE_METRICS, "flat")
+
+
+def recall(rows: np.ndarray, exact_distances: np.ndarray) -> float:
+    truth = np.argsort(exact_distances, axis=1)[:, :K]
+    return float(np.mean([len(set(r) & set(t)) / K for r, t in zip(rows, truth, strict=True)]))
+
+
+@pytest.mark.parametrize("metric", NATIVE_METRICS)
+def test_flat_returns_the_brute_force_top10(flat, queries, exact, metric) -> None:
+    distances, rows = flat.shortlist(metric, *queries, K)
+    want = exact[metric]
+    truth = np.argsort(want, axis=1)[:, :K]  # (Q, K)
+    for q in range(Q):
+        assert set(rows[q]) == set(truth[q]), f"query {q}"
+    # the distances the index reports are the metric's own (flat: exact up to float32)
+    np.testing.assert_allclose(distances, np.take_along_axis(want, rows, 1), rtol=1e-3, atol=2e-3)
+    assert np.all(np.diff(distances, axis=1) >= -1e-3)  # sorted, smallest first
+
+
+def test_flat_is_chosen_for_small_galleries() -> None:
+    plan = plan_index("auto", FLAT_MAX_ITEMS - 1, D, ("w2", "kl"), 10**12)
+    assert plan.index_type == "flat"
+    assert plan_index("auto", FLAT_MAX_ITEMS, D, ("w2",), 10**12).index_type == "ivf"
+    big = plan_index("auto", 10**7, D, ("w2",), memory_budget=10**9)  # 2.6 GB of vectors
+    assert big.index_type == "ivfpq"
+    assert big.params["w2"]["nlist"] == ivf_nlist(10**7) == 2 ** round(np.log2(4 * np.sqrt(1e7)))
+    with pytest.raises(IndexBuildError, match="unknown index type"):
+        plan_index("annoy", 1000, D, ("w2",), 10**12)
+    with pytest.raises(IndexBuildError, match="at least 78 items"):
+        plan_index("ivf", 50, D, ("w2",), 10**12)
+
+
+@pytest.mark.parametrize("index_type", ["ivf", "hnsw"])
+def test_approximate_indexes_reach_recall_095(
+    tmp_path_factory, gallery, queries, exact, index_type
+) -> None:
+    version = build(tmp_path_factory, gallery, ("w2", "min_kl"), index_type)
+    assert version.manifest.index_type == index_type
+    for metric in ("w2", "kl", "kl_reverse", "min_kl"):
+        _, rows = version.shortlist(metric, *queries, K)
+        assert recall(rows, exact[metric]) >= 0.95, metric
+    # search parameters live in the manifest and are passed per call, never set on the index
+    params = version.manifest.search_params["kl"]
+    key = "nprobe" if index_type == "ivf" else "efSearch"
+    assert params[key] > 0
+    index = faiss.downcast_index(version._indexes["kl"].index)
+    shared = index.nprobe if index_type == "ivf" else index.hnsw.efSearch
+    version.shortlist("kl", *queries, K)
+    assert (index.nprobe if index_type == "ivf" else index.hnsw.efSearch) == shared
+
+
+def test_ivfpq_shortlist_holds_the_exact_top10(tmp_path_factory) -> None:
+    mu, logvar = clustered_gaussians(4000, 8, seed=3, clusters=40)
+    mu_q, logvar_q = nearby_queries(mu, logvar, 50, seed=4)
+    path = Path(tmp_path_factory.mktemp("pq")) / "v1"
+    write_synthetic_version(path, mu, logvar, ("w2", "kl"), "ivfpq")
+    version = open_version(path)
+    as64 = [torch.from_numpy(a).double() for a in (mu_q, logvar_q, mu, logvar)]
+    for metric in ("w2", "kl"):
+        _, rows = version.shortlist(metric, mu_q, logvar_q, 100)
+        assert recall(rows, pairwise_distance(metric, *as64).numpy()) >= 0.9, metric
+
+
+def test_duplicate_embeddings_are_indexed_once_and_returned_together(tmp_path) -> None:
+    base_mu, base_logvar = clustered_gaussians(2000, 8, seed=5, clusters=50)
+    picks = np.random.default_rng(0).integers(0, 2000, 6000)  # each embedding ~3 times
+    mu, logvar = base_mu[picks], base_logvar[picks]
+    write_synthetic_version(tmp_path / "v1", mu, logvar, ("w2", "min_kl"), "hnsw")
+    version = open_version(tmp_path / "v1", verify=True)
+    assert version._indexes["w2"].index.ntotal == len(np.unique(picks))
+    mu_q, logvar_q = nearby_queries(mu, logvar, 50, seed=6)
+    as64 = [torch.from_numpy(a).double() for a in (mu_q, logvar_q, mu, logvar)]
+    for metric in ("w2", "kl", "min_kl"):
+        exact = pairwise_distance(metric, *as64).numpy()
+        _, rows = version.shortlist(metric, mu_q, logvar_q, K)
+        assert np.all(rows >= 0) and all(len(set(r)) == K for r in rows)
+        # tie-aware recall: duplicates make the exact top-10 set ambiguous, its distances not
+        tenth = np.sort(exact, axis=1)[:, K - 1 : K]
+        found = np.take_along_axis(exact, rows, axis=1)
+        assert np.mean(found <= tenth + 1e-6 * np.abs(tenth)) >= 0.95, metric
+    twins = np.flatnonzero(picks == picks[0])  # rows holding item 0's embedding
+    _, rows = version.shortlist("w2", mu[:1], logvar[:1], len(twins) + 2)
+    assert sorted(rows[0, : len(twins)]) == twins.tolist()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_duplicate_representatives_is_the_first_equal_row(dtype) -> None:
+    rng = np.random.default_rng(0)
+    base_mu, base_logvar = (rng.standard_normal((500, 7)).astype(dtype) for _ in range(2))
+    picks = rng.integers(0, 500, 3000)
+    first: dict[int, int] = {}
+    want = [first.setdefault(int(p), i) for i, p in enumerate(picks)]
+    got = duplicate_representatives(base_mu[picks], base_logvar[picks])
+    assert got is not None and got.tolist() == want
+    assert duplicate_representatives(base_mu, base_logvar) is None
+    same_mu = base_mu[[0, 0]], base_logvar[[0, 1]]  # equal means, different variances
+    assert duplicate_representatives(*same_mu) is None

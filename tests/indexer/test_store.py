@@ -1,0 +1,79 @@
+"""Version dirs: memory-mapped arrays, metadata by row, checksums and counts, float16 storage,
+metrics a version can and cannot serve, calibration updates."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer.manifest import Calibration, ManifestError, read_manifest, verify_checksums
+from indexer.store import UnsupportedMetricError, open_version, update_calibration
+from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
+
+
+@pytest.fixture
+def version_dir(tmp_path: Path) -> Path:
+    mu, logvar = clustered_gaussians(500, 8, seed=0, clusters=20)
+    write_synthetic_version(tmp_path / "v1", mu, logvar, ("w2", "kl"), "flat")
+    return tmp_path / "v1"
+
+
+def test_open_version_maps_arrays_and_reads_metadata_in_order(version_dir: Path) -> None:
+    version = open_version(version_dir, verify=True)
+    assert isinstance(version.mu, np.memmap) and version.mu.shape == (500, 8)
+    assert isinstance(version.logvar, np.memmap)
+    manifest = version.manifest
+    assert (manifest.count, manifest.dim, manifest.families) == (500, 8, ("kl", "w2"))
+    assert manifest.calibration["w2"] == Calibration(temperature=1.0, threshold=None)
+    assert set(manifest.files) == {
+        "mu.npy",
+        "logvar.npy",
+        "metadata.sqlite",
+        "kl.faiss",
+        "w2.faiss",
+    }
+    records = version.metadata([42, 7, 42])
+    assert [r["id"] for r in records] == ["item-42", "item-7", "item-42"]
+    assert records[1] == {"id": "item-7", "text": "caption 7", "extra": {"i": 7}}
+    with pytest.raises(ValueError, match="out of range"):
+        version.metadata([500])
+    version.close()
+
+
+def test_supports_and_refuses_metrics_without_an_index(version_dir: Path) -> None:
+    version = open_version(version_dir)
+    assert version.supports("w2") and version.supports("kl")
+    assert version.supports("bhattacharyya")  # re-ranked from the w2 shortlist
+    assert not version.supports("min_kl") and not version.supports("nonsense")
+    mu_q, logvar_q = nearby_queries(version.mu, version.logvar, 3)
+    with pytest.raises(UnsupportedMetricError, match="--metrics min_kl"):
+        version.shortlist("min_kl", mu_q, logvar_q, 5)
+    distances, rows = version.shortlist("w2", mu_q, logvar_q, 600)  # more than the gallery
+    assert rows.shape == (3, 600) and np.all(rows[:, 500:] == -1)
+    assert np.all(np.isinf(distances[:, 500:])) and np.all(np.isfinite(distances[:, :500]))
+
+
+def test_tampered_or_truncated_versions_are_refused(version_dir: Path) -> None:
+    with open(version_dir / "w2.faiss", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ManifestError, match=r"checksum mismatch for \['w2.faiss'\]"):
+        open_version(version_dir, verify=True)
+    mu = np.load(version_dir / "mu.npy")
+    np.save(version_dir / "mu.npy", mu[:-1])
+    with pytest.raises(ManifestError, match=r"mu\.npy has shape"):
+        open_version(version_dir)
+
+
+def test_float16_arrays_and_calibration_update(tmp_path: Path) -> None:
+    mu, logvar = clustered_gaussians(300, 8, seed=1, clusters=10)
+    write_synthetic_version(tmp_path / "v16", mu, logvar, ("w2",), "flat", dtype="float16")
+    version = open_version(tmp_path / "v16", verify=True)
+    assert version.mu.dtype == np.float16 and version.manifest.dtype == "float16"
+    _, rows = version.shortlist("w2", mu[:5], logvar[:5], 1)
+    assert rows[:, 0].tolist() == [0, 1, 2, 3, 4]
+    update_calibration(tmp_path / "v16", {"w2": Calibration(temperature=0.5, threshold=0.3)})
+    manifest = read_manifest(tmp_path / "v16")
+    assert manifest.calibration["w2"] == Calibration(0.5, 0.3)
+    verify_checksums(tmp_path / "v16", manifest)  # the manifest is not in its own checksums
+    with pytest.raises(ManifestError, match="unknown metrics"):
+        update_calibration(tmp_path / "v16", {"cosine": Calibration()})
