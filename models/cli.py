@@ -1,5 +1,153 @@
 """Subcommands of the model stage: train, export (and the dataset and evaluation groups)."""
 
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
+from models.model_config import ModelConfig, TrainConfig
+
+DEFAULT_MODEL = ModelConfig()
+DEFAULT_TRAINING = TrainConfig()
+
 app = typer.Typer(no_args_is_help=True)
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _model_dir(given: Path | None, flag: str) -> Path:
+    """The model dir from the command line, else from PROBSEARCH_MODEL."""
+    from models.settings import ProbsearchSettings
+
+    model_dir = given or ProbsearchSettings().model
+    if model_dir is None:
+        raise _fail(f"no model dir: pass {flag} or set PROBSEARCH_MODEL", EXIT_BAD_INPUT)
+    return model_dir
+
+
+@app.command()
+def train(
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="dataset dir (dataset.json, images.jsonl, "
+            "captions.jsonl) with train and val splits"
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="model dir to write (default: PROBSEARCH_MODEL)")
+    ] = None,
+    model_type: Annotated[str, typer.Option(help="gcie | gce | gie | vse")] = "gcie",
+    metric: Annotated[
+        str,
+        typer.Option(
+            help="training similarity; default: w2 (gcie), mahalanobis (gce, gie), cosine (vse)"
+        ),
+    ] = "",
+    covariance: Annotated[
+        str, typer.Option(help="ellipsoidal | spherical-avgpool | spherical-one-value")
+    ] = "ellipsoidal",
+    epochs: Annotated[
+        int, typer.Option(help="total epochs (with --resume: up to this)")
+    ] = DEFAULT_TRAINING.epochs,
+    batch_size: Annotated[
+        int, typer.Option(help="images per batch, each with its captions")
+    ] = DEFAULT_TRAINING.batch_size,
+    lr: Annotated[
+        float, typer.Option(help="Adam learning rate (x0.1 after 2/3 of the epochs)")
+    ] = DEFAULT_TRAINING.lr,
+    embed_dim: Annotated[int, typer.Option(help="embedding dimension D")] = DEFAULT_MODEL.embed_dim,
+    margin: Annotated[float, typer.Option(help="hinge margin")] = DEFAULT_TRAINING.margin,
+    negatives: Annotated[
+        str,
+        typer.Option(
+            help="sum (all violating negatives) | hardest (VSE++ max violation, after one epoch "
+            "of sum)"
+        ),
+    ] = DEFAULT_TRAINING.negatives,
+    dropout: Annotated[
+        float, typer.Option(help="MC-dropout probability p")
+    ] = DEFAULT_MODEL.dropout,
+    var_min: Annotated[
+        float, typer.Option(help="lower bound of the variance")
+    ] = DEFAULT_MODEL.var_min,
+    var_max: Annotated[
+        float, typer.Option(help="upper bound of the variance")
+    ] = DEFAULT_MODEL.var_max,
+    seed: Annotated[int, typer.Option()] = DEFAULT_TRAINING.seed,
+    resume: Annotated[bool, typer.Option(help="continue the run saved in --out")] = False,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+) -> None:
+    """Train the encoders on DATA and write a model dir with ONNX encoders."""
+    from models.datasets.records import DatasetError
+    from models.export import ExportError
+    from models.model_config import ConfigError
+    from models.train import train as run_training
+    from models.training_data import TrainingDataError
+
+    started = time.perf_counter()
+    out = _model_dir(out, "--out")
+    try:
+        model_config = ModelConfig(
+            model_type=model_type,
+            metric=metric,
+            covariance=covariance,
+            embed_dim=embed_dim,
+            dropout=dropout,
+            var_min=var_min,
+            var_max=var_max,
+        )
+        train_config = TrainConfig(
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            margin=margin,
+            negatives=negatives,
+            seed=seed,
+        )
+        result = run_training(
+            data, out, model_config, train_config, resume=resume, progress=progress, log=typer.echo
+        )
+    except (ConfigError, DatasetError, TrainingDataError) as e:
+        raise _fail(str(e), EXIT_BAD_INPUT) from None
+    except ExportError as e:
+        raise _fail(str(e), EXIT_FAILED) from None
+    recalls = "  ".join(f"{k} {v:.1f}" for k, v in result.best_recalls.items())
+    typer.echo(f"best epoch {result.best_epoch}: {recalls}")
+    typer.echo(
+        f"wrote {out} in {time.perf_counter() - started:.1f}s "
+        f"(ONNX parity {max(result.onnx_max_difference.values(), default=0.0):.1e})"
+    )
+
+
+@app.command()
+def export(
+    model_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            help="model dir holding model.json and checkpoint.pt (default: PROBSEARCH_MODEL)"
+        ),
+    ] = None,
+) -> None:
+    """Export both encoders of MODEL_DIR to ONNX and check them against torch."""
+    from models.export import ExportError, export_model_dir
+    from models.model_config import ConfigError
+
+    model_dir = _model_dir(model_dir, "MODEL_DIR")
+    try:
+        differences = export_model_dir(model_dir)
+    except ConfigError as e:
+        raise _fail(str(e), EXIT_BAD_INPUT) from None
+    except ExportError as e:
+        raise _fail(str(e), EXIT_FAILED) from None
+    for name, difference in differences.items():
+        typer.echo(f"wrote {model_dir / name} (max |torch - onnxruntime| = {difference:.1e})")

@@ -1,0 +1,182 @@
+"""ONNX Runtime encoder shared by the indexer and the service: preprocessing, MC-dropout masks
+from a seeded generator, and (mu, logvar, MC draws) for a batch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from PIL import Image
+
+from models.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, VOCAB_FILE, ModelConfig
+from models.preprocess import images_to_array
+from models.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+Seeds = int | Sequence[int]
+
+
+class EncoderRuntimeError(ValueError):
+    """The model dir, device or request cannot be served by this encoder."""
+
+
+@dataclass
+class Embeddings:
+    """Encoder output for N items: deterministic mu/logvar (N, D) float32 and, when MC draws
+    were requested, mc_mu/mc_logvar (L, N, D) float32."""
+
+    mu: np.ndarray
+    logvar: np.ndarray
+    mc_mu: np.ndarray | None = None
+    mc_logvar: np.ndarray | None = None
+
+
+def choose_providers(device: str) -> list[str]:
+    """ORT providers for `device` ("auto", "cpu" or "cuda"); CUDA only when ORT lists it."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return [CPU]
+    if device == "cuda":
+        if CUDA not in available:
+            raise EncoderRuntimeError(
+                "device 'cuda' requested but onnxruntime has no "
+                f"CUDAExecutionProvider (available: {available}); "
+                "install onnxruntime-gpu or use device 'auto'/'cpu'"
+            )
+        return [CUDA, CPU]
+    if device == "auto":
+        return [CUDA, CPU] if CUDA in available else [CPU]
+    raise EncoderRuntimeError(f"unknown device {device!r}; choose auto, cpu or cuda")
+
+
+class OnnxEncoder:
+    """One modality's encoder of a model dir, run by ONNX Runtime.
+
+    `mc_samples` = L adds L Monte-Carlo dropout draws computed in the same graph call as the
+    deterministic embedding. Each item's masks come from a numpy Generator of its own: `seed`
+    is either one seed per item, so an item's draws do not depend on what else is in the batch
+    (the service batches requests this way), or one int from which the items' seeds are
+    spawned. The same inputs, L and seed give the same draws. Inputs are encoded in chunks of
+    `batch_size`.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        modality: Literal["image", "text"],
+        device: str = "auto",
+        batch_size: int = 256,
+    ) -> None:
+        import onnxruntime as ort
+
+        if modality not in ("image", "text"):
+            raise EncoderRuntimeError(f"unknown modality {modality!r}; choose image or text")
+        self.model_dir = Path(model_dir)
+        self.modality = modality
+        self.config = ModelConfig.load(self.model_dir)
+        self.embed_dim = self.config.embed_dim
+        self.batch_size = batch_size
+        path = self.model_dir / (IMAGE_ONNX_FILE if modality == "image" else TEXT_ONNX_FILE)
+        if not path.is_file():
+            raise EncoderRuntimeError(f"{path} not found: run `probsearch export {model_dir}`")
+        self.tokenizer = Tokenizer.load(self.model_dir / VOCAB_FILE) if modality == "text" else None
+        self.session = ort.InferenceSession(str(path), providers=choose_providers(device))
+        self.provider: str = self.session.get_providers()[0]
+        self._mask_widths = {
+            i.name: i.shape[-1] for i in self.session.get_inputs() if i.name.endswith("masks")
+        }
+        logger.info("loaded %s encoder %s on %s", modality, path, self.provider)
+
+    def encode_texts(
+        self, texts: Sequence[str], mc_samples: int = 0, seed: Seeds = 0
+    ) -> Embeddings:
+        """Tokenise and embed captions; see the class docstring for the MC draws."""
+        if self.tokenizer is None:
+            raise EncoderRuntimeError("this is an image encoder; load one with modality='text'")
+        ids, lengths = self.tokenizer.encode_batch(texts, self.config.max_caption_tokens)
+        rngs = item_generators(seed, len(texts))
+        # Word masks are drawn at the longest caption length, so an item's draws do not depend
+        # on the batch's padding, then cut to this batch's width.
+        words = self._masks(rngs, "word_masks", mc_samples, self.config.max_caption_tokens)
+        word_masks = np.ascontiguousarray(words[:, :, : ids.shape[1]])
+        head_masks = self._masks(rngs, "head_masks", mc_samples)
+        feeds = {
+            "token_ids": ids,
+            "lengths": lengths,
+            "word_masks": word_masks,
+            "head_masks": head_masks,
+        }
+        return self._run(feeds, len(texts), mc_samples)
+
+    def encode_images(
+        self, images: Sequence[Image.Image], mc_samples: int = 0, seed: Seeds = 0
+    ) -> Embeddings:
+        """Resize, normalise and embed images; see the class docstring for the MC draws."""
+        if self.modality != "image":
+            raise EncoderRuntimeError("this is a text encoder; load one with modality='image'")
+        pixels = images_to_array(images, self.config)  # (N, 3, H, W)
+        head_masks = self._masks(item_generators(seed, len(images)), "head_masks", mc_samples)
+        return self._run({"images": pixels, "head_masks": head_masks}, len(images), mc_samples)
+
+    def _masks(
+        self, rngs: Sequence[np.random.Generator], name: str, mc_samples: int, *middle: int
+    ) -> np.ndarray:
+        """(1 + L, N, *middle, width) float32: block 0 ones, blocks 1..L item i's draws."""
+        if mc_samples < 0:
+            raise EncoderRuntimeError(f"mc_samples must be >= 0, got {mc_samples}")
+        width = self._mask_widths[name]
+        masks = np.ones((1 + mc_samples, len(rngs), *middle, width), dtype=np.float32)
+        p = self.config.dropout
+        if mc_samples and p > 0:
+            for item, rng in enumerate(rngs):
+                keep = rng.random((mc_samples, *middle, width)) >= p  # (L, *middle, width)
+                masks[1:, item] = keep.astype(np.float32) / np.float32(1.0 - p)
+        return masks
+
+    def _run(self, feeds: dict[str, np.ndarray], batch: int, mc_samples: int) -> Embeddings:
+        """Run the graph in chunks along N; split the draw-major output into its blocks."""
+        draws, dim = 1 + mc_samples, self.embed_dim
+        mu = np.empty((draws, batch, dim), dtype=np.float32)
+        logvar = np.empty((draws, batch, dim), dtype=np.float32)
+        for start in range(0, batch, self.batch_size):
+            stop = min(start + self.batch_size, batch)
+            chunk = {name: _slice_batch(name, array, start, stop) for name, array in feeds.items()}
+            if "lengths" in chunk:  # trim padding to the chunk's longest caption
+                width = int(chunk["lengths"].max())
+                chunk["token_ids"] = chunk["token_ids"][:, :width]
+                chunk["word_masks"] = chunk["word_masks"][:, :, :width]
+            out_mu, out_logvar = self.session.run(["mu", "logvar"], chunk)  # (S * n, D)
+            mu[:, start:stop] = out_mu.reshape(draws, stop - start, dim)
+            logvar[:, start:stop] = out_logvar.reshape(draws, stop - start, dim)
+        if mc_samples == 0:
+            return Embeddings(mu=mu[0], logvar=logvar[0])
+        return Embeddings(mu=mu[0], logvar=logvar[0], mc_mu=mu[1:], mc_logvar=logvar[1:])
+
+
+def item_generators(seed: Seeds, count: int) -> list[np.random.Generator]:
+    """One Generator per item: from the item's own seed, or spawned from one int seed."""
+    if isinstance(seed, int | np.integer):
+        children = np.random.SeedSequence(int(seed)).spawn(count)
+        return [np.random.default_rng(child) for child in children]
+    seeds = list(seed)
+    if len(seeds) != count:
+        raise EncoderRuntimeError(f"{len(seeds)} seeds given for {count} items; give one each")
+    return [np.random.default_rng(int(item_seed)) for item_seed in seeds]
+
+
+def _slice_batch(name: str, array: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Rows start:stop of the batch axis (axis 1 for masks, axis 0 otherwise)."""
+    if name.endswith("masks"):
+        return np.ascontiguousarray(array[:, start:stop])
+    return array[start:stop]

@@ -1,0 +1,83 @@
+"""Mean and log-variance heads (duplicated, no shared parameters) and the MC-dropout masks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from models.model_config import ModelConfig
+
+
+def dropout_masks(
+    shape: tuple[int, ...],
+    p: float,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Inverted-dropout multipliers: each entry is 0 with probability p, else 1 / (1 - p).
+
+    A mask of ones is the deterministic (no dropout) pass. Encoders multiply by the mask,
+    so no randomness lives inside a forward pass or an exported graph.
+    """
+    if p == 0.0:
+        return torch.ones(shape, device=device)
+    keep = torch.rand(shape, generator=generator, device=device) >= p
+    return keep.float() / (1.0 - p)
+
+
+class GaussianHeads(nn.Module):
+    """Maps features (M, F) to (mu, logvar), each (M, D).
+
+    The mean head and the log-variance head have the same architecture and separate
+    parameters (Pishdad et al.). The variance is bounded to [var_min, var_max]:
+    logvar = ln var_min + (ln var_max - ln var_min) * sigmoid(raw). Covariance shapes:
+    "ellipsoidal" (D values), "spherical-avgpool" (mean of D raw outputs, broadcast) and
+    "spherical-one-value" (one raw output, broadcast). A point head (gaussian=False) has no
+    variance head and returns the constant `point_logvar`.
+    """
+
+    def __init__(self, in_features: int, config: ModelConfig, gaussian: bool) -> None:
+        super().__init__()
+        dim = config.embed_dim
+        self.embed_dim = dim
+        self.normalize_mu = config.normalize_mu
+        self.gaussian = gaussian
+        self.covariance = config.covariance
+        self.logvar_min, self.logvar_max = config.logvar_bounds
+        self.point_logvar = config.point_logvar
+        self.mu_head = nn.Linear(in_features, dim)
+        if gaussian:
+            out = 1 if config.covariance == "spherical-one-value" else dim
+            self.logvar_head: nn.Linear | None = nn.Linear(in_features, out)
+        else:
+            self.logvar_head = None
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu = self.mu_head(features)  # (M, D)
+        if self.normalize_mu:
+            mu = nn.functional.normalize(mu, dim=-1)
+        if self.logvar_head is None:
+            return mu, torch.full_like(mu, self.point_logvar)
+        raw = self.logvar_head(features)  # (M, D) or (M, 1)
+        if self.covariance == "spherical-avgpool":
+            raw = raw.mean(dim=-1, keepdim=True)  # (M, 1)
+        span = self.logvar_max - self.logvar_min
+        logvar = self.logvar_min + span * torch.sigmoid(raw)  # (M, D) or (M, 1)
+        return mu, logvar.expand_as(mu)
+
+
+def apply_head_masks(features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Features (N, F) times masks (S, N, F) -> (S * N, F), draw-major (row s * N + n)."""
+    num_draws, batch, width = masks.shape
+    return (features.unsqueeze(0) * masks).reshape(num_draws * batch, width)
+
+
+def init_linear(module: nn.Module) -> None:
+    """Xavier-uniform weights and zero biases for every Linear layer (VSE++ style)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            bound = math.sqrt(6.0 / (layer.in_features + layer.out_features))
+            nn.init.uniform_(layer.weight, -bound, bound)
+            nn.init.zeros_(layer.bias)

@@ -1,0 +1,89 @@
+"""The pair of encoders of one model type (gcie, gce, gie, vse) and its checkpoint file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from models.heads import dropout_masks
+from models.image_encoder import ImageEncoder
+from models.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
+from models.text_encoder import TextEncoder
+
+Embedding = tuple[torch.Tensor, torch.Tensor]  # (mu, logvar), each (S * N, D)
+
+
+class ProbabilisticModel(nn.Module):
+    """Image and caption encoders sharing one embedding space.
+
+    gcie: both modalities Gaussian; gce: Gaussian captions, point images; gie: Gaussian
+    images, point captions; vse: points for both (cosine). A point modality still returns a
+    logvar, the constant config.point_logvar.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.image_encoder = ImageEncoder(config)
+        self.text_encoder = TextEncoder(config)
+
+    def image_mask_shape(self, num_draws: int, batch: int) -> tuple[int, int, int]:
+        """Shape (S, N, F) of the image head masks."""
+        return num_draws, batch, self.image_encoder.feature_dim
+
+    def text_mask_shapes(
+        self, num_draws: int, batch: int, steps: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes (S, N, T, E) of the word masks and (S, N, H) of the text head masks."""
+        return (
+            (num_draws, batch, steps, self.text_encoder.word_dim),
+            (num_draws, batch, self.text_encoder.feature_dim),
+        )
+
+    def encode_images(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        """images (N, 3, H, W) -> (mu, logvar) (N, D); one dropout draw if `stochastic`."""
+        shape = self.image_mask_shape(1, images.shape[0])
+        p = self.config.dropout if stochastic else 0.0
+        return self.image_encoder(images, dropout_masks(shape, p, generator, images.device))
+
+    def encode_texts(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        """ids (N, T), lengths (N,) -> (mu, logvar) (N, D); one dropout draw if `stochastic`."""
+        word_shape, head_shape = self.text_mask_shapes(1, ids.shape[0], ids.shape[1])
+        p = self.config.dropout if stochastic else 0.0
+        word_masks = dropout_masks(word_shape, p, generator, ids.device)
+        head_masks = dropout_masks(head_shape, p, generator, ids.device)
+        return self.text_encoder(ids, lengths, word_masks, head_masks)
+
+
+def save_checkpoint(model: ProbabilisticModel, path: Path | str, epoch: int) -> None:
+    """Write the weights and config (the file `probsearch export` rebuilds the encoders from)."""
+    state = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "epoch": epoch}
+    torch.save(state, path)
+
+
+def load_model(model_dir: Path | str, map_location: str = "cpu") -> ProbabilisticModel:
+    """Rebuild the model of a model dir from model.json and checkpoint.pt (eval mode)."""
+    config = ModelConfig.load(model_dir)
+    path = Path(model_dir) / CHECKPOINT_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: train a model into {model_dir} first")
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    model = ProbabilisticModel(config)
+    try:
+        model.load_state_dict(state["state_dict"])
+    except (KeyError, RuntimeError) as e:
+        raise ConfigError(f"{path} does not match {model_dir}/model.json: {e}") from e
+    return model.eval()

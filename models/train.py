@@ -1,0 +1,311 @@
+"""Training loop: Adam with step decay, hinge triplet loss, validation recall with the model's
+metric, best-rsum checkpoint, resumable epochs, ONNX export at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from models.export import export_encoders
+from models.losses import hinge_triplet_loss, similarity_matrix
+from models.model_config import CHECKPOINT_FILE, VOCAB_FILE, ConfigError, ModelConfig, TrainConfig
+from models.probabilistic_model import ProbabilisticModel, load_model, save_checkpoint
+from models.retrieval_metrics import first_positive_rank, recall_at_k
+from models.tokenizer import Tokenizer
+from models.training_data import (
+    SplitTensors,
+    caption_batch,
+    epoch_batches,
+    image_batch,
+    load_splits,
+)
+from models.uncertainty import log_det
+
+LAST_STATE_FILE = "last.pt"  # optimizer + model state after the latest epoch (for --resume)
+HISTORY_FILE = "history.json"  # one report per epoch
+RECALL_KS = (1, 5, 10)
+
+
+@dataclass
+class EpochReport:
+    """One line of the training log."""
+
+    epoch: int
+    loss: float
+    recalls: dict[str, float]
+    log_det_image: float
+    log_det_caption: float
+    seconds: float
+
+    @property
+    def rsum(self) -> float:
+        return sum(v for k, v in self.recalls.items() if k.startswith(("i2t", "t2i")))
+
+    def line(self) -> str:
+        r = self.recalls
+        return (
+            f"epoch {self.epoch:3d}  loss {self.loss:.4f}  "
+            f"i2t R@1/5/10 {r['i2t_R@1']:.1f}/{r['i2t_R@5']:.1f}/{r['i2t_R@10']:.1f}  "
+            f"t2i R@1/5/10 {r['t2i_R@1']:.1f}/{r['t2i_R@5']:.1f}/{r['t2i_R@10']:.1f}  "
+            f"rsum {self.rsum:.1f}  logdet img {self.log_det_image:.2f} "
+            f"cap {self.log_det_caption:.2f}  ({self.seconds:.1f}s)"
+        )
+
+
+@contextlib.contextmanager
+def deterministic(seed: int) -> Iterator[None]:
+    """Seed torch and use deterministic kernels for the duration of a run."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def pick_device() -> torch.device:
+    """CUDA when torch sees a GPU, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@torch.no_grad()
+def encode_split(
+    model: ProbabilisticModel, split: SplitTensors, device: torch.device, batch_size: int = 512
+) -> tuple[torch.Tensor, ...]:
+    """Deterministic (image_mu, image_logvar, caption_mu, caption_logvar) of a whole split."""
+    model.eval()
+    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    for start in range(0, split.num_images, batch_size):
+        rows = torch.arange(start, min(start + batch_size, split.num_images))
+        mu, logvar = model.encode_images(image_batch(split, rows, model.config).to(device))
+        parts[0].append(mu)
+        parts[1].append(logvar)
+    for start in range(0, split.num_captions, batch_size):
+        rows = torch.arange(start, min(start + batch_size, split.num_captions))
+        ids, lengths = caption_batch(split, rows)
+        mu, logvar = model.encode_texts(ids.to(device), lengths.to(device))
+        parts[2].append(mu)
+        parts[3].append(logvar)
+    return tuple(torch.cat(p) for p in parts)
+
+
+def validate(
+    model: ProbabilisticModel, split: SplitTensors, device: torch.device
+) -> tuple[dict[str, float], float, float]:
+    """Recall@1/5/10 in both directions (a caption matches only its own image) and the mean
+    log-det of each modality."""
+    image_mu, image_logvar, caption_mu, caption_logvar = encode_split(model, split, device)
+    config = model.config
+    similarity = similarity_matrix(
+        config.model_type, config.metric, image_mu, image_logvar, caption_mu, caption_logvar
+    )  # (N_img, N_cap)
+    distances = -similarity.float().cpu()
+    owner = split.caption_image  # (N_cap,)
+    positive = owner[None, :] == torch.arange(split.num_images)[:, None]  # (N_img, N_cap)
+    i2t = first_positive_rank(distances, positive).numpy()
+    t2i = first_positive_rank(distances.T, positive.T).numpy()
+    recalls = {
+        f"{name}_R@{k}": recall_at_k(ranks, k)
+        for name, ranks in (("i2t", i2t), ("t2i", t2i))
+        for k in RECALL_KS
+    }
+    return (recalls, float(log_det(image_logvar).mean()), float(log_det(caption_logvar).mean()))
+
+
+def train_epoch(
+    model: ProbabilisticModel,
+    optimizer: torch.optim.Optimizer,
+    split: SplitTensors,
+    config: TrainConfig,
+    epoch: int,
+    device: torch.device,
+    progress: bool,
+) -> float:
+    """One pass over the training images; returns the mean batch loss."""
+    model.train()
+    generator = torch.Generator(device=device).manual_seed(config.seed * 100_003 + epoch)
+    negatives = "sum" if epoch < config.warmup_epochs else config.negatives
+    total, steps = 0.0, 0
+    batches = list(
+        epoch_batches(split, config.batch_size, config.captions_per_image, config.seed, epoch)
+    )
+    for image_rows, caption_rows, owner in tqdm(
+        batches, desc=f"epoch {epoch}", leave=False, disable=not progress
+    ):
+        images = image_batch(split, image_rows, model.config).to(device)
+        ids, lengths = caption_batch(split, caption_rows)
+        image_mu, image_logvar = model.encode_images(images, generator, stochastic=True)
+        caption_mu, caption_logvar = model.encode_texts(
+            ids.to(device), lengths.to(device), generator, stochastic=True
+        )
+        similarity = similarity_matrix(
+            model.config.model_type,
+            model.config.metric,
+            image_mu,
+            image_logvar,
+            caption_mu,
+            caption_logvar,
+        )  # (B, M)
+        loss = hinge_triplet_loss(similarity, owner.to(device), config.margin, negatives)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        total, steps = total + loss.item(), steps + 1
+    return total / max(steps, 1)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: the model dir, the best epoch's recalls and every epoch's report."""
+
+    model_dir: Path
+    best_epoch: int
+    best_recalls: dict[str, float]
+    history: list[dict[str, Any]]
+    onnx_max_difference: dict[str, float]
+
+
+def _start_state(
+    out_dir: Path, model_config: ModelConfig, train_config: TrainConfig, resume: bool
+) -> tuple[ModelConfig, TrainConfig, dict[str, Any] | None]:
+    """Configs to train with, and the saved state of the last epoch when resuming."""
+    state_path = out_dir / LAST_STATE_FILE
+    if not resume:
+        if state_path.exists() or (out_dir / CHECKPOINT_FILE).exists():
+            raise ConfigError(
+                f"{out_dir} already holds a trained model; pass --resume to "
+                "continue it or choose another --out"
+            )
+        return model_config, train_config, None
+    if not state_path.is_file():
+        raise ConfigError(f"nothing to resume: {state_path} not found")
+    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    saved = TrainConfig(**state["train_config"])
+    return (
+        ModelConfig.from_dict(state["model_config"]),
+        dataclasses.replace(saved, epochs=train_config.epochs),
+        state,
+    )
+
+
+def _save_epoch_state(
+    out_dir: Path,
+    model: ProbabilisticModel,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    history: list[dict[str, Any]],
+    best: dict[str, Any],
+) -> None:
+    """Write last.pt (everything --resume needs) and history.json after an epoch."""
+    torch.save(
+        {
+            "model_config": model_config.to_dict(),
+            "train_config": dataclasses.asdict(train_config),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "history": history,
+            "best": best,
+        },
+        out_dir / LAST_STATE_FILE,
+    )
+    (out_dir / HISTORY_FILE).write_text(json.dumps(history, indent=1) + "\n")
+
+
+def _training_info(
+    data_dir: Path,
+    train_config: TrainConfig,
+    train_split: SplitTensors,
+    val_split: SplitTensors,
+    device: torch.device,
+) -> dict[str, Any]:
+    """What model.json records under "training"."""
+    return {
+        **dataclasses.asdict(train_config),
+        "data": str(data_dir),
+        "train_images": train_split.num_images,
+        "train_captions": train_split.num_captions,
+        "val_images": val_split.num_images,
+        "val_captions": val_split.num_captions,
+        "device": device.type,
+    }
+
+
+def train(
+    data_dir: Path | str,
+    out_dir: Path | str,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    resume: bool = False,
+    progress: bool = True,
+    export: bool = True,
+    log: Callable[[str], None] = tqdm.write,
+) -> TrainResult:
+    """Train on DATA_DIR and write OUT_DIR: model.json, checkpoint.pt (the epoch with the best
+    validation rsum), vocab.json, history.json, last.pt and the two ONNX encoders.
+
+    With `resume`, the model and training configs, vocabulary, weights, optimizer and epoch
+    counter come from OUT_DIR/last.pt and training continues up to `train_config.epochs`;
+    the result is bit-identical to an uninterrupted run on the same machine.
+    """
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    model_config, train_config, state = _start_state(out_dir, model_config, train_config, resume)
+    train_config = dataclasses.replace(train_config, lr_decay_epoch=train_config.decay_epoch)
+    tokenizer = Tokenizer.load(out_dir / VOCAB_FILE) if state else None
+    with deterministic(train_config.seed):
+        train_split, val_split, tokenizer = load_splits(data_dir, model_config, tokenizer)
+        model_config = model_config.replace(vocab_size=len(tokenizer))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(out_dir / VOCAB_FILE)
+        device = pick_device()
+        model = ProbabilisticModel(model_config).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
+        scheduler = torch.optim.lr_scheduler.StepLR(
+            optimizer, step_size=train_config.lr_decay_epoch, gamma=train_config.lr_decay
+        )
+        history: list[dict[str, Any]] = state["history"] if state else []
+        best: dict[str, Any] = state["best"] if state else {"rsum": -1.0, "epoch": 0, "recalls": {}}
+        if state:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+        info = _training_info(data_dir, train_config, train_split, val_split, device)
+        for epoch in range(len(history), train_config.epochs):
+            started = time.perf_counter()
+            loss = train_epoch(model, optimizer, train_split, train_config, epoch, device, progress)
+            scheduler.step()
+            recalls, ld_image, ld_caption = validate(model, val_split, device)
+            report = EpochReport(
+                epoch + 1, loss, recalls, ld_image, ld_caption, time.perf_counter() - started
+            )
+            log(report.line())
+            history.append(dataclasses.asdict(report) | {"rsum": report.rsum})
+            if report.rsum > best["rsum"]:
+                best = {
+                    "rsum": report.rsum,
+                    "epoch": epoch + 1,
+                    "recalls": recalls,
+                    "log_det_image": ld_image,
+                    "log_det_caption": ld_caption,
+                }
+                model.config = model_config.replace(training=info, validation=best)
+                save_checkpoint(model, out_dir / CHECKPOINT_FILE, epoch + 1)
+                model.config.save(out_dir)
+            _save_epoch_state(
+                out_dir, model, model_config, train_config, optimizer, scheduler, history, best
+            )
+    parity = export_encoders(load_model(out_dir), out_dir) if export else {}
+    return TrainResult(out_dir, int(best["epoch"]), dict(best["recalls"]), history, parity)

@@ -1,0 +1,32 @@
+"""Session fixtures other test packages reuse: a generated shapes dataset (`shapes_dir`) and a
+small gcie model trained on it (`tiny_model_dir`). Both are read-only: copy before changing."""
+
+from pathlib import Path
+
+import pytest
+
+from models.datasets.shapes import generate_shapes
+from models.model_config import ModelConfig, TrainConfig
+from models.train import train
+
+SHAPES_IMAGES = 1000  # 800 train / 100 val / 100 test images, 5 captions each
+TINY_MODEL = ModelConfig(model_type="gcie", metric="w2", covariance="ellipsoidal", embed_dim=16)
+TINY_TRAINING = TrainConfig(epochs=16, seed=0)  # the default optimiser settings, fewer epochs
+
+
+@pytest.fixture(scope="session")
+def shapes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shapes dataset dir (generate_shapes, seed 0, SHAPES_IMAGES images, splits train/val/test)."""
+    return generate_shapes(
+        tmp_path_factory.mktemp("data") / "shapes", SHAPES_IMAGES, seed=0, progress=False, workers=1
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, shapes_dir: Path) -> Path:
+    """Model dir of a gcie / w2 / ellipsoidal model (D = 16) trained briefly on `shapes_dir`:
+    model.json (with its validation recalls), checkpoint.pt, vocab.json, image_encoder.onnx,
+    text_encoder.onnx. Its retrieval is well above chance but far from good."""
+    out = tmp_path_factory.mktemp("models") / "tiny-gcie"
+    train(shapes_dir, out, TINY_MODEL, TINY_TRAINING, progress=False, log=lambda line: None)
+    return out

@@ -1,0 +1,157 @@
+"""Training: recall well above chance for gcie and vse, seeded determinism, exact resume, the
+files of a model dir, and one-line errors for bad input at the CLI."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from models.cli import app
+from models.datasets.shapes import generate_shapes
+from models.model_config import ModelConfig
+from models.train import TrainConfig, train
+
+from .conftest import TINY_TRAINING
+
+MODEL_FILES = (
+    "model.json",
+    "checkpoint.pt",
+    "vocab.json",
+    "image_encoder.onnx",
+    "text_encoder.onnx",
+)
+QUICK = TrainConfig(epochs=2, batch_size=16, lr=2e-3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def small_shapes(tmp_path_factory) -> Path:
+    """40 images: enough for fast checks of determinism, resume and errors."""
+    return generate_shapes(
+        tmp_path_factory.mktemp("small") / "shapes", 40, seed=1, progress=False, workers=1
+    )
+
+
+def chance_recall_at_1(model_dir: Path) -> float:
+    """R@1 (%) of a random ranking; the same in both directions (one image per caption, and
+    an image's captions are 1 / N_img of all captions)."""
+    return 100.0 / json.loads((model_dir / "model.json").read_text())["training"]["val_images"]
+
+
+def assert_beats_chance(model_dir: Path, factor: float = 5.0) -> None:
+    validation = json.loads((model_dir / "model.json").read_text())["validation"]
+    chance = chance_recall_at_1(model_dir)
+    for direction in ("i2t", "t2i"):
+        assert validation["recalls"][f"{direction}_R@1"] >= factor * chance, validation
+
+
+def test_model_dir_holds_every_file(tiny_model_dir) -> None:
+    for name in MODEL_FILES:
+        assert (tiny_model_dir / name).is_file(), name
+    config = ModelConfig.load(tiny_model_dir)
+    assert config.vocab_size > 10 and config.training["epochs"] == TINY_TRAINING.epochs
+    history = json.loads((tiny_model_dir / "history.json").read_text())
+    assert len(history) == TINY_TRAINING.epochs
+    assert history[-1]["loss"] < history[0]["loss"]
+
+
+def test_gcie_recall_is_at_least_five_times_chance(tiny_model_dir) -> None:
+    assert_beats_chance(tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_vse_recall_is_at_least_five_times_chance(shapes_dir, tmp_path) -> None:
+    out = tmp_path / "vse"
+    train(
+        shapes_dir,
+        out,
+        ModelConfig(model_type="vse", embed_dim=16),
+        TINY_TRAINING,
+        progress=False,
+        export=False,
+        log=lambda line: None,
+    )
+    assert_beats_chance(out)
+
+
+def state_of(model_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(model_dir / "last.pt", weights_only=True)["model"]
+
+
+def test_training_is_seeded_and_resume_repeats_an_uninterrupted_run(small_shapes, tmp_path) -> None:
+    config = ModelConfig(embed_dim=8)
+    straight, resumed, other = tmp_path / "straight", tmp_path / "resumed", tmp_path / "other"
+    quiet = {"progress": False, "export": False, "log": lambda line: None}
+    train(small_shapes, straight, config, QUICK, **quiet)
+    train(small_shapes, resumed, config, TrainConfig(**{**QUICK.__dict__, "epochs": 1}), **quiet)
+    assert len(json.loads((resumed / "history.json").read_text())) == 1
+    result = train(small_shapes, resumed, config, QUICK, resume=True, **quiet)
+    assert len(result.history) == 2
+    train(small_shapes, other, config, TrainConfig(**{**QUICK.__dict__, "seed": 1}), **quiet)
+    for name, tensor in state_of(straight).items():
+        torch.testing.assert_close(state_of(resumed)[name], tensor, rtol=0, atol=0)
+    assert any(not torch.equal(state_of(other)[n], t) for n, t in state_of(straight).items())
+
+
+def invoke_train(data: Path, out: Path, *extra: str):
+    args = [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        *extra,
+    ]
+    return CliRunner().invoke(app, args)
+
+
+def test_cli_trains_and_prints_one_line_per_epoch(small_shapes, tmp_path) -> None:
+    result = invoke_train(small_shapes, tmp_path / "m", "--model-type", "gce", "--embed-dim", "8")
+    assert result.exit_code == 0, result.output
+    assert "epoch   1  loss" in result.output and "i2t R@1/5/10" in result.output
+    assert ModelConfig.load(tmp_path / "m").metric == "mahalanobis"
+    again = invoke_train(small_shapes, tmp_path / "m")
+    assert again.exit_code == 2 and "--resume" in again.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--model-type", "gcx"), "unknown model type 'gcx'"),
+        (("--metric", "cosine"), "metric 'cosine' cannot train a gcie model"),
+        (("--metric", "euclid"), "metric 'euclid' cannot train"),
+        (("--covariance", "full"), "unknown covariance"),
+        (("--resume",), "nothing to resume"),
+    ],
+)
+def test_cli_bad_options_are_one_line_errors(small_shapes, tmp_path, extra, message) -> None:
+    result = invoke_train(small_shapes, tmp_path / "m", *extra)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_reports_missing_captions_and_corrupt_images(small_shapes, tmp_path) -> None:
+    no_captions = tmp_path / "no-captions"
+    shutil.copytree(small_shapes, no_captions)
+    (no_captions / "captions.jsonl").unlink()
+    result = invoke_train(no_captions, tmp_path / "a")
+    assert result.exit_code == 2 and "captions.jsonl" in result.output
+    (no_captions / "captions.jsonl").write_text("")
+    result = invoke_train(no_captions, tmp_path / "b")
+    assert result.exit_code == 2 and "no train captions" in result.output
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(small_shapes, corrupt)
+    victim = json.loads((corrupt / "images.jsonl").read_text().splitlines()[0])
+    (corrupt / victim["file"]).write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    result = invoke_train(corrupt, tmp_path / "c")
+    assert result.exit_code == 2
+    assert victim["id"] in result.output and "Traceback" not in result.output
