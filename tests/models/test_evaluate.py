@@ -1,0 +1,236 @@
+"""`probsearch eval` end to end on the tiny shapes model, checked against direct computation."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from models.datasets.records import is_plausible_match, load_dataset
+from models.encoder_runtime import Embeddings
+from models.evaluate import (
+    EvalConfig,
+    PlausibleMatchRelevance,
+    SplitEmbeddings,
+    _selection_accuracy,
+    embed_split,
+    evaluate_direction,
+    evaluate_model,
+    query_uncertainties,
+)
+from models.evaluation_cli import app
+from models.evaluation_report import write_report
+from models.gaussian import pairwise_distance
+from models.uncertainty import mutual_information
+
+CONFIG = EvalConfig(metrics=("w2", "kl"), mc_samples=3, seed=0, shortlist_size=20)
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model_dir: Path, shapes_dir: Path) -> dict:
+    return evaluate_model(tiny_model_dir, shapes_dir, "test", CONFIG)
+
+
+@pytest.fixture(scope="module")
+def embedded(tiny_model_dir: Path, shapes_dir: Path) -> SplitEmbeddings:
+    return embed_split(tiny_model_dir, load_dataset(shapes_dir, "test"), CONFIG)
+
+
+def brute_recalls(distances: np.ndarray, positive: np.ndarray) -> dict[int, float]:
+    """R@K by an explicit loop over each query's sorted gallery (on a tie, e.g. two captions
+    with the same text, the non-matching item comes first)."""
+    hits = {1: 0, 5: 0, 10: 0}
+    for q in range(distances.shape[0]):
+        order = np.lexsort((positive[q], distances[q]))
+        first = next(i for i, g in enumerate(order) if positive[q, g])
+        for k in hits:
+            hits[k] += first < k
+    return {k: 100.0 * v / distances.shape[0] for k, v in hits.items()}
+
+
+def test_recalls_match_a_direct_computation(report: dict, embedded: SplitEmbeddings) -> None:
+    images, captions = embedded.images, embedded.captions
+    tensors = [
+        torch.from_numpy(a) for a in (images.mu, images.logvar, captions.mu, captions.logvar)
+    ]
+    for metric in CONFIG.metrics:
+        i2t = pairwise_distance(metric, *tensors).numpy()  # (I, C)
+        t2i = pairwise_distance(metric, *tensors[2:], *tensors[:2]).numpy()  # (C, I)
+        owner = embedded.caption_image
+        expected_i2t = brute_recalls(i2t, np.arange(i2t.shape[0])[:, None] == owner[None, :])
+        expected_t2i = brute_recalls(t2i, owner[:, None] == np.arange(t2i.shape[1])[None, :])
+        for k in (1, 5, 10):
+            assert report["metrics"][metric]["i2t"]["retrieval"][f"R@{k}"] == pytest.approx(
+                expected_i2t[k]
+            )
+            assert report["metrics"][metric]["t2i"]["retrieval"][f"R@{k}"] == pytest.approx(
+                expected_t2i[k]
+            )
+
+
+def test_report_is_consistent(report: dict, embedded: SplitEmbeddings) -> None:
+    assert report["data"]["images"] == len(embedded.dataset.images) > 0
+    for result in report["metrics"].values():
+        assert result["rsum"] == pytest.approx(
+            result["i2t"]["retrieval"]["rsum"] + result["t2i"]["retrieval"]["rsum"]
+        )
+        for direction in ("i2t", "t2i"):
+            retrieval, rejection = result[direction]["retrieval"], result[direction]["rejection"]
+            assert 0 <= retrieval["R@1"] <= retrieval["R@5"] <= retrieval["R@10"] <= 100
+            zetas = [retrieval[f"pmrp_zeta{z}"] for z in (0, 1, 2)]
+            assert retrieval["pmrp"] == pytest.approx(np.mean(zetas))
+            assert 0 <= retrieval["r_precision"] <= 100
+            # Random rejection's AUPRC is the accuracy itself.
+            assert rejection["random"]["R@1"]["auprc"] == pytest.approx(retrieval["R@1"] / 100)
+            assert rejection["random"]["R@10"]["auprc"] == pytest.approx(retrieval["R@10"] / 100)
+            methods = {"log_det", "feature_uncertainty", "random"}
+            methods |= {f"mi_T{t:g}" for t in CONFIG.temperatures}
+            assert set(rejection) == methods
+    histogram = report["log_det"]["image"]["histogram"]
+    assert sum(histogram["counts"]) == len(embedded.dataset.images)
+    crop = report["crop"]
+    assert crop["tuples"] > 0
+    for metric in CONFIG.metrics:
+        for direction in ("i2t", "t2i"):
+            assert 0 <= crop["metrics"][metric][direction]["overall"] <= 100
+
+
+def test_same_seed_gives_the_same_report(report: dict, tiny_model_dir: Path, shapes_dir: Path):
+    again = evaluate_model(tiny_model_dir, shapes_dir, "test", CONFIG)
+    assert json.dumps(again, sort_keys=True) == json.dumps(report, sort_keys=True)
+
+
+def test_chunk_size_does_not_change_the_result(embedded: SplitEmbeddings) -> None:
+    small = EvalConfig(metrics=("kl",), mc_samples=3, shortlist_size=20, chunk_size=7)
+    large = EvalConfig(metrics=("kl",), mc_samples=3, shortlist_size=20, chunk_size=100_000)
+    assert evaluate_direction(embedded, "kl", "t2i", small) == evaluate_direction(
+        embedded, "kl", "t2i", large
+    )
+
+
+def test_mutual_information_uses_each_querys_own_shortlist(embedded: SplitEmbeddings) -> None:
+    queries, gallery = embedded.captions, embedded.images
+    rng = np.random.default_rng(0)
+    shortlist = np.stack([rng.permutation(gallery.mu.shape[0])[:5] for _ in queries.mu])
+    chunked = dataclasses.replace(CONFIG, chunk_size=7)  # several chunks of queries
+    values = query_uncertainties("w2", queries, gallery, shortlist, chunked)
+    for q in (0, len(queries.mu) // 2, len(queries.mu) - 1):
+        draws = torch.stack(
+            [
+                pairwise_distance(
+                    "w2",
+                    torch.from_numpy(queries.mc_mu[draw, q : q + 1]),
+                    torch.from_numpy(queries.mc_logvar[draw, q : q + 1]),
+                    torch.from_numpy(gallery.mu[shortlist[q]]),
+                    torch.from_numpy(gallery.logvar[shortlist[q]]),
+                )
+                for draw in range(queries.mc_mu.shape[0])
+            ]
+        )  # (L, 1, 5)
+        for t in CONFIG.temperatures:
+            expected = float(mutual_information(draws, t)[0])
+            assert values[f"mi_T{t:g}"][q] == pytest.approx(expected, abs=1e-5)
+    log_dets = queries.logvar.astype(np.float64).sum(axis=1)
+    assert values["log_det"] == pytest.approx(log_dets, rel=1e-5)
+
+
+def test_exact_plausible_relevance_matches_the_dataset_judgement(
+    embedded: SplitEmbeddings,
+) -> None:
+    captions, images = embedded.dataset.captions, embedded.dataset.images
+    rows = np.array([0, 3, 4])
+    t2i = PlausibleMatchRelevance(captions, images, queries_are_captions=True).mask(rows)
+    i2t = PlausibleMatchRelevance(captions, images, queries_are_captions=False).mask(rows)
+    for i, row in enumerate(rows):
+        assert t2i[i].tolist() == [is_plausible_match(captions[row], im) for im in images]
+        assert i2t[i].tolist() == [is_plausible_match(c, images[row]) for c in captions]
+
+
+def test_crop_selection_accuracy_on_hand_made_embeddings() -> None:
+    def points(*xs: float) -> Embeddings:
+        mu = np.array([[x, 0.0] for x in xs], dtype=np.float32)
+        return Embeddings(mu=mu, logvar=np.zeros_like(mu))
+
+    # Two tuples. Views A at 0 and 10, views A+B at 1 and 11; candidates "A" at 0.2 and 10.9,
+    # "A+B" at 0.9 and 10.1: tuple 0 is right both ways, tuple 1 is wrong both ways.
+    accuracy = _selection_accuracy(
+        "w2", (points(0, 10), points(1, 11)), (points(0.2, 10.9), points(0.9, 10.1))
+    )
+    assert accuracy == {"part_a": 50.0, "union": 50.0, "overall": 50.0}
+
+
+def test_report_files(report: dict, tmp_path: Path) -> None:
+    written = write_report(report, tmp_path / "out")
+    names = {p.name for p in written}
+    assert {"report.json", "report.md", "log_det_histogram.png"} <= names
+    assert "precision_coverage_kl_t2i.png" in names and "r1_by_decile_w2_i2t.png" in names
+    loaded = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert loaded["metrics"]["w2"]["i2t"]["retrieval"]["R@1"] == pytest.approx(
+        report["metrics"]["w2"]["i2t"]["retrieval"]["R@1"]
+    )
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "## Retrieval" in markdown and "## Crop experiment" in markdown
+    for path in written:
+        if path.suffix == ".png":
+            with Image.open(path) as image:
+                assert image.size[0] > 100
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(app, ["eval", *args])
+
+
+def test_cli_writes_the_report(tiny_model_dir: Path, shapes_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = run_cli(
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(shapes_dir),
+        "--metrics",
+        "w2",
+        "--mc-samples",
+        "2",
+        "--report",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "report.json").read_text())["settings"]["metrics"] == ["w2"]
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_cli_bad_input(tiny_model_dir: Path, shapes_dir: Path, tmp_path: Path) -> None:
+    missing = run_cli("--model", str(tmp_path / "nope"), "--data", str(shapes_dir))
+    assert "does not exist" in one_line_error(missing) and missing.exit_code == 1
+    unknown = run_cli(
+        "--model", str(tiny_model_dir), "--data", str(shapes_dir), "--metrics", "w2,cosine2"
+    )
+    assert "unknown metric 'cosine2'" in one_line_error(unknown) and unknown.exit_code == 2
+    no_data = run_cli("--model", str(tiny_model_dir), "--data", str(tmp_path / "none"))
+    assert "does not exist" in one_line_error(no_data)
+    bad_split = run_cli("--model", str(tiny_model_dir), "--data", str(shapes_dir), "--split", "dev")
+    assert "unknown split 'dev'" in one_line_error(bad_split)
+
+
+def test_cli_rejects_an_empty_split(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "train_only"
+    (data / "images").mkdir(parents=True)
+    Image.new("RGB", (64, 64)).save(data / "images" / "a.png")
+    (data / "dataset.json").write_text(json.dumps({"name": "t", "version": 1, "label_names": []}))
+    image = {"id": "a", "file": "images/a.png", "split": "train", "labels": []}
+    (data / "images.jsonl").write_text(json.dumps(image) + "\n")
+    caption = {"id": "c", "image_id": "a", "text": "a red circle", "split": "train"}
+    (data / "captions.jsonl").write_text(json.dumps(caption) + "\n")
+    result = run_cli("--model", str(tiny_model_dir), "--data", str(data))
+    assert "0 images and 0 captions" in one_line_error(result)
