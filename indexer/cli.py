@@ -8,25 +8,14 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models.settings import ProbsearchSettings
 
 app = typer.Typer(no_args_is_help=True)
 index_app = typer.Typer(no_args_is_help=True, help="Inspect and switch published index versions.")
 app.add_typer(index_app, name="index")
 
 T = TypeVar("T")
-
-
-class IndexerSettings(BaseSettings):
-    """Environment defaults of the indexer commands (flags override them)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="PROBSEARCH_", extra="ignore", env_ignore_empty=True
-    )
-
-    index_root: Path | None = None
-    model: Path | None = None
-    redis_url: str | None = None
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -92,7 +81,7 @@ def reindex(
     """Embed a gallery and publish a new index version (optionally activating it)."""
     from indexer.publish import ReindexJob, run_reindex
 
-    settings = IndexerSettings()
+    settings = ProbsearchSettings()
     job = ReindexJob(
         modality=modality,
         source=source,
@@ -126,7 +115,7 @@ def reindex(
 def _registry(index_root: Path | None, redis_url: str | None):
     from indexer.registry import ActiveRegistry
 
-    settings = IndexerSettings()
+    settings = ProbsearchSettings()
     root = _resolve(index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT")
     return ActiveRegistry(root, redis_url if redis_url is not None else settings.redis_url)
 
