@@ -1,0 +1,124 @@
+"""Micro-batching: concurrent requests are gathered (bounded size and wait) and run together."""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+from service.errors import OverloadedError
+
+log = logging.getLogger(__name__)
+
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
+
+# A batch function returns one entry per item: its result, or the error for that item alone.
+BatchFunction = Callable[[Sequence[ItemT]], Sequence["ResultT | Exception"]]
+
+
+class MicroBatcher(Generic[ItemT, ResultT]):
+    """Gathers items submitted concurrently and hands them to `process` in one call.
+
+    A batch closes when it holds `max_size` items or `max_wait_s` after its first item
+    arrived. `process` runs in a dedicated worker thread, never on the event loop; while it
+    runs, the next batch fills up. At most `max_queue` items wait; beyond that, submit()
+    raises OverloadedError (HTTP 503) instead of queueing without bound.
+    """
+
+    def __init__(
+        self,
+        process: BatchFunction,
+        *,
+        max_size: int,
+        max_wait_s: float,
+        max_queue: int = 1024,
+        on_batch: Callable[[int], None] | None = None,
+        name: str = "batcher",
+    ) -> None:
+        if max_size < 1 or max_wait_s < 0:
+            raise ValueError("max_size must be >= 1 and max_wait_s >= 0")
+        self._process = process
+        self._max_size = max_size
+        self._max_wait_s = max_wait_s
+        self._max_queue = max_queue
+        self._on_batch = on_batch
+        self._name = name
+        self._queue: asyncio.Queue[tuple[ItemT, asyncio.Future]] | None = None
+        self._task: asyncio.Task | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def start(self) -> None:
+        """Start the gathering loop on the running event loop."""
+        self._queue = asyncio.Queue(maxsize=self._max_queue)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+        self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def stop(self) -> None:
+        """Stop gathering; items still waiting fail with OverloadedError."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._queue is not None:
+            while not self._queue.empty():
+                _, future = self._queue.get_nowait()
+                if not future.done():
+                    future.set_exception(OverloadedError("the service is shutting down; retry"))
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    async def submit(self, item: ItemT) -> ResultT:
+        """Queue `item` and wait for its result (or its error)."""
+        if self._queue is None or self._task is None or self._task.done():
+            raise OverloadedError("the search worker is not running; retry shortly")
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        try:
+            self._queue.put_nowait((item, future))
+        except asyncio.QueueFull:
+            raise OverloadedError(
+                f"too many queued searches (more than {self._max_queue}); retry shortly"
+            ) from None
+        return await future
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._gather(loop)
+            items = [item for item, _ in batch]
+            try:
+                results = await loop.run_in_executor(self._executor, self._process, items)
+                if len(results) != len(items):
+                    raise RuntimeError(f"batch function returned {len(results)} results")
+            except Exception as error:  # the batch failed as a whole: every item gets the error
+                log.exception("batch of %d items failed", len(items))
+                results = [error] * len(items)
+            if self._on_batch is not None:
+                self._on_batch(len(items))
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():  # the client went away
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[tuple[ItemT, asyncio.Future]]:
+        """Wait for a first item, then collect more until the batch is full or the wait ends."""
+        assert self._queue is not None
+        batch = [await self._queue.get()]
+        deadline = loop.time() + self._max_wait_s
+        while len(batch) < self._max_size:
+            if not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except TimeoutError:
+                break
+        return batch

@@ -1,0 +1,153 @@
+"""Redis result cache that fails open: when Redis is down the service answers without it."""
+
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from service.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+CACHE_PREFIX = "probsearch:cache:"
+REDIS_ERRORS = (redis.RedisError, OSError)
+
+
+def cache_key(index_version: str, request_hash: str) -> str:
+    """Redis key of a cached response: probsearch:cache:<index version>:<request sha256>."""
+    return f"{CACHE_PREFIX}{index_version}:{request_hash}"
+
+
+def redis_connection_kwargs(socket_timeout_s: float, *, asynchronous: bool = False) -> dict:
+    """Client options shared by every Redis client of the service: short timeouts, one retry.
+
+    redis-py retries a failed command up to 10 times with backoff by default, which would
+    stall every request while Redis is down; the service backs off on its own instead.
+    """
+    return {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": socket_timeout_s,
+        "retry": (AsyncRetry if asynchronous else Retry)(NoBackoff(), 1),
+    }
+
+
+class Backoff:
+    """Exponential backoff between reconnection attempts to a dependency that went down."""
+
+    def __init__(
+        self,
+        initial_s: float = 0.25,
+        maximum_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.initial_s = initial_s
+        self.maximum_s = maximum_s
+        self._clock = clock
+        self._delay_s = 0.0
+        self._next_try = 0.0
+
+    @property
+    def down(self) -> bool:
+        """Whether the last attempt failed."""
+        return self._delay_s > 0
+
+    def ready(self) -> bool:
+        """Whether an attempt may be made now."""
+        return self._clock() >= self._next_try
+
+    def failed(self) -> float:
+        """Record a failure; returns the delay before the next attempt."""
+        self._delay_s = min(self.maximum_s, max(self.initial_s, 2 * self._delay_s))
+        self._next_try = self._clock() + self._delay_s
+        return self._delay_s
+
+    def succeeded(self) -> None:
+        """Record a success: the next failure starts again from the initial delay."""
+        self._delay_s = 0.0
+        self._next_try = 0.0
+
+
+class ResultCache:
+    """Caches serialized search responses in Redis under their index version, with a TTL.
+
+    Every Redis failure is logged once per outage, counted, and turned into a cache miss;
+    while Redis is down, attempts are spaced by an exponential backoff.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None,
+        ttl_s: int,
+        metrics: ServiceMetrics,
+        socket_timeout_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self._metrics = metrics
+        self._backoff = Backoff(maximum_s=backoff_max_s)
+        self._client: aioredis.Redis | None = None
+        if redis_url is not None and ttl_s > 0:
+            self._client = aioredis.Redis.from_url(
+                redis_url, **redis_connection_kwargs(socket_timeout_s, asynchronous=True)
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a Redis URL and a positive TTL are configured."""
+        return self._client is not None
+
+    async def get(self, key: str) -> bytes | None:
+        """The cached body under `key`, or None on a miss or while Redis is unavailable."""
+        if self._client is None or not self._backoff.ready():
+            return None
+        try:
+            body = await self._client.get(key)
+        except REDIS_ERRORS as error:
+            self._on_error(error)
+            return None
+        self._on_success()
+        if body is None:
+            self._metrics.cache_misses.inc()
+        else:
+            self._metrics.cache_hits.inc()
+        return body
+
+    async def set(self, key: str, body: bytes) -> None:
+        """Store `body` under `key` with the TTL; a Redis failure only skips caching."""
+        if self._client is None or not self._backoff.ready():
+            return
+        try:
+            await self._client.set(key, body, ex=self.ttl_s)
+        except REDIS_ERRORS as error:
+            self._on_error(error)
+            return
+        self._on_success()
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._client is not None:
+            await self._client.aclose()
+
+    def _on_error(self, error: Exception) -> None:
+        was_down = self._backoff.down
+        delay_s = self._backoff.failed()
+        self._metrics.redis_errors.labels(component="cache").inc()
+        self._metrics.redis_up.set(0)
+        if not was_down:
+            log.warning(
+                "Redis unavailable for the result cache (%s); serving without cache, "
+                "retrying in %.1fs with backoff",
+                error,
+                delay_s,
+            )
+
+    def _on_success(self) -> None:
+        if self._backoff.down:
+            log.info("Redis reachable again; result cache resumed")
+        self._backoff.succeeded()
+        self._metrics.redis_up.set(1)

@@ -1,0 +1,113 @@
+"""FastAPI dependencies: the long-lived services on app.state, API keys, content types."""
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from models.encoder_runtime import OnnxEncoder
+from service.batching import MicroBatcher
+from service.cache import ResultCache
+from service.errors import AuthenticationError, IndexUnavailableError, UnsupportedMediaTypeError
+from service.index_holder import IndexHolder
+from service.metrics import ServiceMetrics
+from service.searcher import Outcome, Query, Searcher
+from service.settings import Settings
+
+
+@dataclass
+class Services:
+    """Everything a request needs, built once by the app's lifespan."""
+
+    settings: Settings
+    metrics: ServiceMetrics
+    holder: IndexHolder
+    encoders: dict[str, OnnxEncoder]
+    searcher: Searcher
+    batcher: MicroBatcher[Query, Outcome]
+    cache: ResultCache
+    model_name: str
+
+
+def get_services(request: Request) -> Services:
+    """The app's services; 503 while the app is still starting."""
+    services = getattr(request.app.state, "services", None)
+    if services is None:
+        raise IndexUnavailableError("the service is starting; retry in a few seconds")
+    return services
+
+
+def get_settings(request: Request) -> Settings:
+    """The app's settings."""
+    return request.app.state.settings
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
+_bearer = HTTPBearer(auto_error=False)
+
+
+def _key_matches(provided: str | None, settings: Settings) -> bool:
+    """Constant-time comparison of `provided` against every configured key."""
+    if not provided:
+        return False
+    given = provided.encode()
+    matches = [
+        hmac.compare_digest(given, key.get_secret_value().encode()) for key in settings.api_keys
+    ]
+    return any(matches)
+
+
+def _check_key(settings: Settings, header: str | None, bearer: HTTPAuthorizationCredentials | None):
+    provided = header or (bearer.credentials if bearer is not None else None)
+    if not settings.api_keys:
+        raise AuthenticationError(
+            "this endpoint needs an API key, and none is configured: set PROBSEARCH_API_KEYS"
+        )
+    if not provided:
+        raise AuthenticationError("missing API key: send it as X-API-Key or Authorization: Bearer")
+    if not _key_matches(provided, settings):
+        raise AuthenticationError("invalid API key")
+
+
+def require_admin_key(
+    settings: SettingsDep,
+    header: Annotated[str | None, Depends(_api_key_header)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """/admin/*: always requires a valid API key."""
+    _check_key(settings, header, bearer)
+
+
+def require_search_key(
+    settings: SettingsDep,
+    header: Annotated[str | None, Depends(_api_key_header)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """/search/*: requires a valid API key only when require_api_key_for_search is set."""
+    if settings.require_api_key_for_search:
+        _check_key(settings, header, bearer)
+
+
+def require_json(request: Request) -> None:
+    """415 for a body declared as anything but JSON (a missing Content-Type counts as JSON)."""
+    content_type = request.headers.get("content-type")
+    if content_type is not None and not _is_json(content_type):
+        raise UnsupportedMediaTypeError(
+            f"Content-Type {content_type.split(';')[0]!r} is not accepted here; "
+            "send the request body as application/json"
+        )
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+SearchAuth = Depends(require_search_key)
+AdminAuth = Depends(require_admin_key)
+JsonBody = Depends(require_json)

@@ -1,0 +1,296 @@
+"""The index versions being served, one per gallery, hot-swapped when another is activated.
+
+A watcher thread listens on the Redis activation channel (pub/sub) and also re-reads the
+active version every `poll_interval_s`, so a missed message or a Redis outage only delays a
+swap: while Redis is down the ACTIVE pointer files decide. A new version is opened in the
+watcher thread, swapped in atomically, and the old one is closed once the last request that
+acquired it has finished.
+"""
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import redis
+
+from indexer.registry import EVENTS_CHANNEL, ActiveRegistry
+from indexer.store import IndexVersion, open_version
+from service.cache import REDIS_ERRORS, Backoff, redis_connection_kwargs
+from service.errors import IndexUnavailableError
+from service.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+
+class LoadedIndex:
+    """One open index version plus the count of requests using it."""
+
+    def __init__(self, modality: str, version: str, index: IndexVersion) -> None:
+        self.modality = modality
+        self.version = version
+        self.index = index
+        self.in_flight = 0
+        self.retired = False
+
+
+class IndexHolder:
+    """Serves the active index version of each gallery and swaps versions without downtime.
+
+    Args:
+        index_root: root of the <modality>/<version>/ dirs.
+        galleries: gallery modalities to serve.
+        redis_url: Redis for the active version and activation events; None: files only.
+        check: called on every newly opened version before it is served; raising refuses it
+            (e.g. an index built with another model), and the current version stays.
+    """
+
+    def __init__(
+        self,
+        index_root: Path,
+        galleries: list[str],
+        redis_url: str | None,
+        metrics: ServiceMetrics,
+        *,
+        device: str = "auto",
+        check: Callable[[IndexVersion], None] | None = None,
+        poll_interval_s: float = 2.0,
+        socket_timeout_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self.index_root = Path(index_root)
+        self.galleries = list(galleries)
+        self._redis_url = redis_url
+        self._metrics = metrics
+        self._device = device
+        self._check = check
+        self._poll_interval_s = poll_interval_s
+        self._socket_timeout_s = socket_timeout_s
+        self._backoff = Backoff(maximum_s=backoff_max_s)
+        self._redis_registry = ActiveRegistry(self.index_root, redis_url) if redis_url else None
+        self._file_registry = ActiveRegistry(self.index_root, None)
+        self._current: dict[str, LoadedIndex] = {}
+        self._lock = threading.Lock()  # guards _current and the in-flight counts
+        self._load_lock = threading.Lock()  # one version load at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- serving -----------------------------------------------------------------------
+
+    @contextmanager
+    def acquire(self, modality: str) -> Iterator[LoadedIndex]:
+        """Pin the current version of `modality` for the duration of a request."""
+        with self._lock:
+            loaded = self._current.get(modality)
+            if loaded is None:
+                raise IndexUnavailableError(self.unavailable_message(modality))
+            loaded.in_flight += 1
+        try:
+            yield loaded
+        finally:
+            with self._lock:
+                loaded.in_flight -= 1
+                close_now = loaded.retired and loaded.in_flight == 0
+            if close_now:
+                self._close(loaded)
+
+    def versions(self) -> dict[str, str | None]:
+        """The version served per gallery (None where none is loaded)."""
+        with self._lock:
+            return {
+                m: (self._current[m].version if m in self._current else None)
+                for m in self.galleries
+            }
+
+    def loaded(self) -> list[LoadedIndex]:
+        """The loaded versions, one per gallery that has one."""
+        with self._lock:
+            return [self._current[m] for m in self.galleries if m in self._current]
+
+    @property
+    def ready(self) -> bool:
+        """Whether every served gallery has a loaded version."""
+        with self._lock:
+            return all(m in self._current for m in self.galleries)
+
+    # ----- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the active versions now, then watch for activations in a background thread."""
+        self.refresh()
+        self._thread = threading.Thread(target=self._watch, name="index-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching and close every version that no request still uses."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            current, self._current = list(self._current.values()), {}
+            for loaded in current:
+                loaded.retired = True
+        for loaded in current:
+            if loaded.in_flight == 0:
+                self._close(loaded)
+
+    def refresh(self, modalities: list[str] | None = None) -> dict[str, str | None]:
+        """Read the active version of each gallery and swap in those that changed."""
+        for modality in modalities or self.galleries:
+            version = self._active_version(modality)
+            if version is not None and version != self.versions().get(modality):
+                self._load(modality, version)
+        return self.versions()
+
+    # ----- internals ---------------------------------------------------------------------
+
+    def _active_version(self, modality: str) -> str | None:
+        registry = self._file_registry
+        if self._redis_registry is not None and not self._backoff.down:
+            registry = self._redis_registry
+        try:
+            return registry.active_version(modality)
+        except (ValueError, OSError) as error:
+            log.error("cannot read the active %s version: %s", modality, error)
+            return None
+
+    def _load(self, modality: str, version: str) -> None:
+        with self._load_lock:
+            if self.versions().get(modality) == version:
+                return
+            path = self._file_registry.version_path(modality, version)
+            try:
+                index = open_version(path, device=self._device)
+            except (ValueError, OSError) as error:
+                log.error(
+                    "cannot open %s index %s (%s); keeping the current one",
+                    modality,
+                    version,
+                    error,
+                )
+                return
+            try:
+                if self._check is not None:
+                    self._check(index)
+            except ValueError as error:
+                log.error("refusing %s index %s: %s", modality, version, error)
+                index.close()
+                return
+            self._swap(LoadedIndex(modality, version, index))
+
+    def _swap(self, new: LoadedIndex) -> None:
+        with self._lock:
+            old = self._current.get(new.modality)
+            self._current[new.modality] = new
+            close_now = False
+            if old is not None:
+                old.retired = True
+                close_now = old.in_flight == 0
+        previous = old.version if old is not None else None
+        self._metrics.set_active_version(new.modality, new.version, previous)
+        self._metrics.index_swaps.labels(modality=new.modality).inc()
+        log.info("serving %s index %s (was %s)", new.modality, new.version, previous)
+        if old is not None and close_now:
+            self._close(old)
+
+    def _close(self, loaded: LoadedIndex) -> None:
+        try:
+            loaded.index.close()
+        except Exception:  # closing must never take a request down with it
+            log.exception("closing %s index %s failed", loaded.modality, loaded.version)
+
+    def unavailable_message(self, modality: str) -> str:
+        if modality not in self.galleries:
+            return (
+                f"this service does not serve the {modality} gallery "
+                f"(served: {', '.join(self.galleries)})"
+            )
+        return (
+            f"no {modality} index is loaded yet; build one with `probsearch reindex "
+            f"--modality {modality} ... --activate` under {self.index_root}"
+        )
+
+    def _watch(self) -> None:
+        """Watcher thread: pub/sub when Redis is up, polling always, reconnect with backoff."""
+        pubsub = None
+        next_poll = 0.0
+        while not self._stop.is_set():
+            if pubsub is None and self._redis_url is not None and self._backoff.ready():
+                pubsub = self._subscribe()
+            if pubsub is not None:
+                pubsub = self._listen(pubsub, timeout_s=min(self._poll_interval_s, 1.0))
+            else:
+                self._stop.wait(min(self._poll_interval_s, 0.5))
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + self._poll_interval_s
+                self._safe_refresh()
+        if pubsub is not None:
+            self._close_pubsub(pubsub)
+
+    def _subscribe(self) -> "redis.client.PubSub | None":
+        try:
+            client = redis.Redis.from_url(
+                self._redis_url, **redis_connection_kwargs(self._socket_timeout_s)
+            )
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(EVENTS_CHANNEL)
+        except REDIS_ERRORS as error:
+            self._redis_down(error)
+            return None
+        if self._backoff.down:
+            log.info("Redis reachable again; listening for index activations")
+        self._backoff.succeeded()
+        self._metrics.redis_up.set(1)
+        self._safe_refresh()  # catch activations missed while disconnected
+        return pubsub
+
+    def _listen(
+        self, pubsub: "redis.client.PubSub", timeout_s: float
+    ) -> "redis.client.PubSub | None":
+        try:
+            message = pubsub.get_message(timeout=timeout_s)
+        except REDIS_ERRORS as error:
+            self._redis_down(error)
+            self._close_pubsub(pubsub)
+            return None
+        if message is not None and message.get("type") == "message":
+            self._on_event(message.get("data"))
+        return pubsub
+
+    def _on_event(self, data: object) -> None:
+        try:
+            event = json.loads(data)
+            modality = event["modality"]
+        except (TypeError, ValueError, KeyError):
+            log.warning("ignoring malformed event on %s: %r", EVENTS_CHANNEL, data)
+            return
+        if event.get("event") == "activated" and modality in self.galleries:
+            self._safe_refresh([modality])
+
+    def _safe_refresh(self, modalities: list[str] | None = None) -> None:
+        try:
+            self.refresh(modalities)
+        except Exception:  # the watcher must survive anything and retry on the next poll
+            log.exception("refreshing the active index versions failed")
+
+    def _redis_down(self, error: Exception) -> None:
+        was_down = self._backoff.down
+        delay_s = self._backoff.failed()
+        self._metrics.redis_errors.labels(component="index_watcher").inc()
+        self._metrics.redis_up.set(0)
+        if not was_down:
+            log.warning(
+                "Redis unavailable (%s); the ACTIVE pointer files decide the index "
+                "versions; reconnecting with backoff (next try in %.1fs)",
+                error,
+                delay_s,
+            )
+
+    @staticmethod
+    def _close_pubsub(pubsub: "redis.client.PubSub") -> None:
+        with suppress(REDIS_ERRORS):
+            pubsub.close()

@@ -1,0 +1,97 @@
+"""Prometheus metrics of one app instance, kept in the app's own registry (no global state)."""
+
+import contextlib
+from dataclasses import dataclass, field
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STAGES = ("decode", "encode", "shortlist", "rerank", "uncertainty", "total")
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServiceMetrics"]
+
+
+@dataclass
+class ServiceMetrics:
+    """All metrics the service exports; one instance per app, exposed at GET /metrics."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        reg = self.registry
+        self.requests = Counter(
+            "probsearch_requests",
+            "HTTP requests by endpoint and status.",
+            ["endpoint", "status"],
+            registry=reg,
+        )
+        self.request_latency = Histogram(
+            "probsearch_request_latency_seconds",
+            "Request latency by endpoint.",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self.stage_latency = Histogram(
+            "probsearch_stage_latency_seconds",
+            "Search pipeline latency by stage.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self.batch_size = Histogram(
+            "probsearch_batch_size",
+            "Queries processed together by the micro-batcher.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=reg,
+        )
+        self.cache_hits = Counter("probsearch_cache_hits", "Result cache hits.", registry=reg)
+        self.cache_misses = Counter("probsearch_cache_misses", "Result cache misses.", registry=reg)
+        self.rejections = Counter(
+            "probsearch_rejections",
+            "Queries flagged rejected (MI above threshold).",
+            ["gallery"],
+            registry=reg,
+        )
+        self.active_version = Gauge(
+            "probsearch_active_index_version",
+            "1 for the index version served per gallery.",
+            ["modality", "version"],
+            registry=reg,
+        )
+        self.onnx_provider = Gauge(
+            "probsearch_onnx_provider",
+            "1 for the ONNX Runtime provider of each encoder.",
+            ["encoder", "provider"],
+            registry=reg,
+        )
+        self.redis_up = Gauge(
+            "probsearch_redis_up", "1 while Redis answers, 0 while it is down.", registry=reg
+        )
+        self.redis_errors = Counter(
+            "probsearch_redis_errors",
+            "Redis operations that failed (served without Redis).",
+            ["component"],
+            registry=reg,
+        )
+        self.index_swaps = Counter(
+            "probsearch_index_swaps", "Index versions swapped in.", ["modality"], registry=reg
+        )
+
+    def set_active_version(self, modality: str, version: str, previous: str | None) -> None:
+        """Point the active-version gauge of `modality` at `version`."""
+        if previous is not None and previous != version:
+            with contextlib.suppress(KeyError):
+                self.active_version.remove(modality, previous)
+        self.active_version.labels(modality=modality, version=version).set(1)
+
+    def render(self) -> bytes:
+        """The text exposition format served at /metrics."""
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""HTTP routes of the query service, one router per concern."""

@@ -1,0 +1,64 @@
+"""Liveness, readiness, Prometheus metrics and the list of loaded indexes."""
+
+import dataclasses
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.deps import ServicesDep
+from service.metrics import CONTENT_TYPE_LATEST
+from service.schemas import ERROR_RESPONSES, IndexesResponse, IndexInfo, ReadinessResponse
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """200 while the process serves HTTP (liveness)."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadinessResponse,
+    responses={503: {"model": ReadinessResponse, "description": "Not ready yet."}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    """200 only when every served gallery has a loaded index (readiness)."""
+    services = request.app.state.services
+    if services is None:
+        body = ReadinessResponse(ready=False, versions={}, detail="starting: loading the model")
+        return JSONResponse(body.model_dump(), status_code=503)
+    versions = services.holder.versions()
+    missing = [gallery for gallery, version in versions.items() if version is None]
+    if missing:
+        detail = f"no index loaded for: {', '.join(missing)} (activate one with probsearch reindex)"
+        body = ReadinessResponse(ready=False, versions=versions, detail=detail)
+        return JSONResponse(body.model_dump(), status_code=503)
+    body = ReadinessResponse(ready=True, versions=versions, detail="ready")
+    return JSONResponse(body.model_dump())
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition of the service's metrics."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/indexes", response_model=IndexesResponse, responses=ERROR_RESPONSES)
+async def list_indexes(services: ServicesDep) -> IndexesResponse:
+    """The index version served for each gallery, with its manifest."""
+    indexes = []
+    for loaded in services.holder.loaded():
+        manifest = loaded.index.manifest
+        indexes.append(
+            IndexInfo(
+                modality=loaded.modality,
+                version=loaded.version,
+                count=manifest.count,
+                dim=manifest.dim,
+                metrics=list(manifest.metrics),
+                manifest=dataclasses.asdict(manifest),
+            )
+        )
+    return IndexesResponse(indexes=indexes, model=services.model_name)

@@ -1,0 +1,170 @@
+"""Request and response models of the HTTP API (DESIGN section 5).
+
+Distances and scores, once for the whole API:
+- `distance` is the exact distance of the requested metric between the query's Gaussian and
+  the result's Gaussian (models.gaussian; smaller is closer; results are sorted by it).
+- `score` is the retrieval posterior of the result: softmax(-distance / T) over the whole
+  shortlist, with T the temperature in force (`query.temperature`). It lies in [0, 1], larger
+  is better, and the scores of all shortlist candidates sum to 1, so the scores of the
+  returned top-k sum to at most 1.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.gaussian import METRICS
+
+Metric = Literal[METRICS]  # type: ignore[valid-type]
+Gallery = Literal["image", "text"]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class SearchOptions(BaseModel):
+    """Options shared by every search endpoint; limits beyond these bounds come from settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int = Field(10, ge=1, description="Number of results (at most the max_k setting).")
+    metric: Metric | None = Field(
+        None, description="Distance to rank with; default: the model's training metric."
+    )
+    shortlist: int | None = Field(
+        None, ge=1, description="Candidates re-ranked exactly; default max(10*k, 100)."
+    )
+    mc_samples: int | None = Field(
+        None, ge=0, description="MC-dropout draws for the uncertainty; 0 skips MI."
+    )
+    temperature: FiniteFloat | None = Field(
+        None, gt=0, description="Retrieval posterior temperature T; default: calibrated value."
+    )
+    reject_threshold: FiniteFloat | None = Field(
+        None, ge=0, description="Reject when MI > this (nats); default: calibrated value."
+    )
+    return_embedding: bool = Field(False, description="Return the query's mu and logvar.")
+
+
+class TextSearchRequest(SearchOptions):
+    """POST /search/text: a caption that searches the image gallery."""
+
+    text: str = Field(min_length=1, description="The query caption.")
+
+
+class ImageSearchRequest(SearchOptions):
+    """POST /search/image (JSON form): a base64-encoded image that searches the caption gallery."""
+
+    image_base64: str = Field(min_length=1, description="Image file bytes, standard base64.")
+
+
+class EmbeddingSearchRequest(SearchOptions):
+    """POST /search/embedding: a Gaussian computed by the caller's own encoder."""
+
+    mu: list[FiniteFloat] = Field(min_length=1, description="Mean, length D of the index.")
+    logvar: list[FiniteFloat] = Field(min_length=1, description="ln sigma^2, length D.")
+    gallery: Gallery = Field(description="Which gallery to search.")
+
+
+class QueryInfo(BaseModel):
+    """What the service knows about the query itself."""
+
+    modality: Literal["text", "image", "embedding"]
+    log_det: float = Field(description="sum of ln sigma^2 of the query (larger: vaguer).")
+    entropy: float = Field(description="Differential entropy of the query Gaussian (nats).")
+    mutual_information: float | None = Field(
+        description="Posterior uncertainty over the shortlist in nats, in [0, ln(shortlist)]; "
+        "null when mc_samples is 0."
+    )
+    feature_uncertainty: float | None = Field(
+        description="Sum over dims of the variance of mu across MC draws; null if mc_samples=0."
+    )
+    rejected: bool = Field(description="mutual_information > reject_threshold.")
+    reject_threshold: float | None = Field(description="Threshold used; null: never rejects.")
+    temperature: float
+    mc_samples: int
+    shortlist_size: int = Field(description="Candidates actually re-ranked.")
+    mu: list[float] | None = None
+    logvar: list[float] | None = None
+
+
+class SearchHit(BaseModel):
+    """One result; see the module docstring for `distance` and `score`."""
+
+    id: str
+    rank: int = Field(ge=1)
+    score: float
+    distance: float
+    log_det: float = Field(description="sum of ln sigma^2 of the result.")
+    metadata: dict[str, Any]
+
+
+class Timings(BaseModel):
+    """Milliseconds per stage; batch stages are shared by the requests batched together."""
+
+    encode: float
+    shortlist: float
+    rerank: float
+    uncertainty: float
+    total: float
+
+
+class SearchResponse(BaseModel):
+    """The answer of every search endpoint."""
+
+    query: QueryInfo
+    results: list[SearchHit]
+    metric: str
+    index_version: str
+    model: str
+    timings_ms: Timings
+
+
+class ErrorResponse(BaseModel):
+    """Body of every 4xx/5xx answer."""
+
+    detail: str = Field(description="What went wrong and how to fix the request.")
+    error: str = Field(description="Machine-readable error code.")
+
+
+class IndexInfo(BaseModel):
+    """A loaded index version."""
+
+    modality: Gallery
+    version: str
+    count: int
+    dim: int
+    metrics: list[str]
+    manifest: dict[str, Any]
+
+
+class IndexesResponse(BaseModel):
+    """GET /v1/indexes."""
+
+    indexes: list[IndexInfo]
+    model: str
+
+
+class ReloadResponse(BaseModel):
+    """POST /admin/reload."""
+
+    active: dict[str, str | None]
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: _error_response("Missing or invalid API key."),
+    413: _error_response("Body or image over the byte or pixel limit."),
+    415: _error_response("Content type not accepted, or the file is not an image."),
+    422: _error_response("Invalid parameters; the message names the field and the fix."),
+    503: _error_response("No index loaded for the gallery, or overloaded; retry later."),
+}
+
+
+class ReadinessResponse(BaseModel):
+    """GET /readyz."""
+
+    ready: bool
+    versions: dict[str, str | None] = Field(description="Version served per gallery.")
+    detail: str

@@ -1,0 +1,106 @@
+"""The one configuration object of the query service (env PROBSEARCH_*, CLI flags override)."""
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+from models.augmented import INDEX_FAMILIES
+from models.settings import ProbsearchSettings
+
+Modality = Literal["image", "text"]
+
+
+def _split_commas(value: object) -> object:
+    """Turn "a, b,,c" into ["a", "b", "c"]; lists pass through unchanged."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(ProbsearchSettings):
+    """Everything the service reads from its environment, with safe defaults.
+
+    List-valued settings (api_keys, cors_origins, galleries) are comma-separated in the
+    environment, e.g. PROBSEARCH_API_KEYS="key-one,key-two".
+    """
+
+    # What to serve.
+    index_root: Path = Field(Path("indexes"), description="Root of <modality>/<version>/ dirs.")
+    model: Path = Field(Path("model"), description="Model dir holding the ONNX encoders.")
+    galleries: Annotated[list[Modality], NoDecode] = Field(
+        default_factory=lambda: ["image", "text"],
+        description="Gallery modalities served; /readyz waits for an index of each.",
+    )
+
+    # Redis (redis_url None: run without Redis; the ACTIVE pointer files decide, no cache).
+    cache_ttl_s: int = Field(3600, ge=0, description="Result cache TTL; 0 disables the cache.")
+    redis_socket_timeout_s: float = Field(0.5, gt=0)
+    redis_backoff_max_s: float = Field(30.0, gt=0)
+    poll_interval_s: float = Field(
+        2.0, gt=0, description="How often the ACTIVE version is re-read (pub/sub is faster)."
+    )
+
+    # Security.
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    require_api_key_for_search: bool = False
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    # HTTP server.
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    workers: int = Field(1, ge=1)
+
+    # Request limits.
+    max_text_chars: int = Field(1000, ge=1)
+    max_image_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    max_image_pixels: int = Field(40_000_000, ge=1)
+    max_k: int = Field(1000, ge=1)
+    max_shortlist: int = Field(10_000, ge=1)
+    max_mc_samples: int = Field(64, ge=0)
+    mc_samples: int = Field(16, ge=0, description="MC-dropout draws when a request sets none.")
+    max_embedding_dim: int = Field(4096, ge=1)
+
+    # Micro-batching.
+    batch_max_size: int = Field(32, ge=1)
+    batch_max_wait_ms: float = Field(5.0, ge=0)
+
+    # Re-rank of metrics without a native index (bhattacharyya, elk, match_prob).
+    candidate_metric: str = "w2"
+
+    @field_validator("api_keys", "cors_origins", "galleries", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return _split_commas(value)
+
+    @field_validator("candidate_metric")
+    @classmethod
+    def _indexable(cls, value: str) -> str:
+        if value not in INDEX_FAMILIES:
+            families = ", ".join(INDEX_FAMILIES)
+            raise ValueError(f"candidate_metric must have an index form: {families}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        if self.mc_samples > self.max_mc_samples:
+            raise ValueError(
+                f"mc_samples={self.mc_samples} exceeds max_mc_samples={self.max_mc_samples}"
+            )
+        if self.require_api_key_for_search and not self.api_keys:
+            raise ValueError(
+                "require_api_key_for_search is set but no api_keys are configured; "
+                "set PROBSEARCH_API_KEYS"
+            )
+        if any(len(key.get_secret_value()) < 16 for key in self.api_keys):
+            raise ValueError("every API key must be at least 16 characters long")
+        if not self.galleries:
+            raise ValueError("galleries must name at least one of: image, text")
+        self.galleries = sorted(set(self.galleries))
+        return self
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body accepted: a base64 image at the byte limit plus form fields."""
+        return self.max_image_bytes * 4 // 3 + 64 * 1024

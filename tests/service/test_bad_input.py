@@ -1,0 +1,135 @@
+"""Hostile and mistaken requests: each gets its 4xx and a message a person can act on."""
+
+import base64
+import io
+import struct
+import zlib
+from collections.abc import Callable
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.service.conftest import ADMIN_KEY, Artifacts, ServerThread, make_settings
+
+PDF = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A tiny valid-looking PNG whose header claims width x height (a decompression bomb)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))  # fmt: skip
+
+
+def truncated_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (128, 128), "orange").save(buffer, "JPEG")
+    data = buffer.getvalue()
+    return data[: len(data) // 2]
+
+
+def upload(data: bytes, content_type: str = "image/png", **fields: str) -> Callable:
+    return lambda c: c.post("/search/image", files={"image": ("f", data, content_type)},
+                            data=fields)  # fmt: skip
+
+
+def text(**body) -> Callable:
+    return lambda c: c.post("/search/text", json=body)
+
+
+def b64(data: bytes) -> Callable:
+    return lambda c: c.post("/search/image", json={"image_base64": base64.b64encode(data).decode()})
+
+
+BAD_REQUESTS = {
+    "empty text": (text(text=""), 422, "text: String should have at least 1 character"),
+    "blank text": (text(text="   "), 422, "text is empty"),
+    "100k-character text": (text(text="a" * 100_000), 422, "the limit is 500"),
+    "unknown metric": (text(text="a", metric="cosine"), 422, "metric: Input should be 'w2'"),
+    "k=0": (text(text="a", k=0), 422, "k: Input should be greater than or equal to 1"),
+    "k=10^6": (text(text="a", k=10**6), 422, "k=1000000 is above the limit 1000"),
+    "shortlist below k": (text(text="a", k=20, shortlist=5), 422, "it must be >= k"),
+    "shortlist too big": (text(text="a", shortlist=10**7), 422, "above the limit 10000"),
+    "too many MC samples": (text(text="a", mc_samples=10**4), 422, "mc_samples=10000"),
+    "negative temperature": (text(text="a", temperature=-1), 422, "temperature: Input should be"),
+    "unknown field": (text(text="a", top_k=3), 422, "top_k: Extra inputs are not permitted"),
+    "PDF upload": (upload(PDF, "application/pdf"), 415, "the `image` part is 'application/pdf'"),
+    "PDF labelled PNG": (upload(PDF), 415, "not in an image format"),
+    "PDF as base64": (b64(PDF), 415, "not in an image format"),
+    "truncated JPEG": (upload(truncated_jpeg(), "image/jpeg"), 422, "truncated or corrupt"),
+    "20000x20000 PNG bomb": (upload(png_claiming(20000, 20000)), 413, "at most 40000000 pixels"),
+    "PNG bomb as base64": (b64(png_claiming(7000, 7000)), 413, "7000x7000"),
+    "image over the byte limit": (upload(b"\x89PNG" + b"0" * 250_000), 413, "larger than 200000"),
+    "body over the byte limit": (upload(b"0" * 400_000), 413, "request body exceeds"),
+    "malformed base64": (lambda c: c.post("/search/image", json={"image_base64": "@@not*b64"}),
+                         422, "image_base64 is not valid base64"),
+    "missing image part": (lambda c: c.post("/search/image", files={"k": (None, "3")}),
+                           422, "multipart field `image` is missing"),
+    "bad form field": (upload(png_claiming(8, 8), k="many"), 422, "k: Input should be a valid"),
+    "text/plain to /search/text": (
+        lambda c: c.post("/search/text", content=b"cats", headers={"content-type": "text/plain"}),
+        415, "send the request body as application/json"),
+    "XML to /search/image": (
+        lambda c: c.post("/search/image", content=b"<a/>", headers={"content-type": "text/xml"}),
+        415, "send multipart/form-data"),
+    "malformed JSON": (
+        lambda c: c.post("/search/text", content=b'{"text": ',
+                         headers={"content-type": "application/json"}),
+        422, "JSON decode error"),
+    "mu and logvar lengths differ": (
+        lambda c: c.post("/search/embedding", json={"mu": [0.0] * 3, "logvar": [0.0] * 4,
+                                                     "gallery": "image"}),
+        422, "they must match"),
+    "embedding of the wrong dimension": (
+        lambda c: c.post("/search/embedding", json={"mu": [0.0] * 3, "logvar": [0.0] * 3,
+                                                     "gallery": "image"}),
+        422, "holds 32-dimensional embeddings"),
+    "NaN in an embedding": (
+        lambda c: c.post("/search/embedding", content=b'{"mu": [NaN], "logvar": [0.0], '
+                         b'"gallery": "text"}', headers={"content-type": "application/json"}),
+        422, "mu.0: Input should be a finite number"),
+    "unknown gallery": (
+        lambda c: c.post("/search/embedding", json={"mu": [0.0], "logvar": [0.0],
+                                                     "gallery": "audio"}),
+        422, "gallery: Input should be 'image' or 'text'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_bad_request_gets_its_status_and_message(client: httpx.Client, name: str) -> None:
+    send, status, message = BAD_REQUESTS[name]
+    response = send(client)
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert message in body["detail"]
+    assert set(body) == {"detail", "error"}
+    assert "Traceback" not in response.text
+
+
+def test_admin_reload_needs_a_valid_key(client: httpx.Client, artifacts: Artifacts) -> None:
+    assert client.post("/admin/reload").status_code == 401
+    wrong = client.post("/admin/reload", headers={"X-API-Key": "wrong-key-but-long-enough"})
+    assert wrong.status_code == 401 and wrong.json()["detail"] == "invalid API key"
+    right = client.post("/admin/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert right.status_code == 200
+    assert right.json()["active"] == {"image": artifacts.image_v1, "text": artifacts.text_v1}
+
+
+def test_missing_index_is_503_and_search_key_is_enforced(artifacts: Artifacts, tmp_path) -> None:
+    settings = make_settings(artifacts, index_root=tmp_path, require_api_key_for_search=True)
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url) as http:
+        assert http.get("/healthz").status_code == 200
+        ready = http.get("/readyz")
+        assert ready.status_code == 503 and "no index loaded for: image, text" in ready.text
+        assert http.post("/search/text", json={"text": "a circle"}).status_code == 401
+        missing = http.post("/search/text", json={"text": "a circle"},
+                            headers={"X-API-Key": ADMIN_KEY})  # fmt: skip
+        assert missing.status_code == 503
+        assert "no image index is loaded yet; build one with `probsearch reindex" in missing.text
+        assert missing.headers["retry-after"] == "5"

@@ -1,0 +1,166 @@
+"""Components of the service on their own: micro-batching, cache fail-open, settings, CLI."""
+
+import asyncio
+import subprocess
+import threading
+import time
+
+import pytest
+
+from service.batching import MicroBatcher
+from service.cache import Backoff, ResultCache, cache_key
+from service.errors import (
+    IndexUnavailableError,
+    InvalidQueryError,
+    OverloadedError,
+    status_of,
+)
+from service.metrics import ServiceMetrics
+from service.settings import Settings
+from tests.service.conftest import PROBSEARCH
+
+
+def test_batcher_gathers_concurrent_items_off_the_event_loop() -> None:
+    batches: list[list[int]] = []
+    loop_thread = threading.get_ident()
+
+    def process(items):
+        assert threading.get_ident() != loop_thread  # never on the event loop
+        batches.append(list(items))
+        return [ValueError("odd") if item % 2 else item * 10 for item in items]
+
+    async def scenario():
+        batcher = MicroBatcher(process, max_size=4, max_wait_s=0.05)
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit(i) for i in range(10)),
+                                        return_exceptions=True)  # fmt: skip
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(scenario())
+    assert [r for r in results if not isinstance(r, Exception)] == [0, 20, 40, 60, 80]
+    assert all(isinstance(results[i], ValueError) for i in range(1, 10, 2))
+    assert max(map(len, batches)) == 4 and sum(map(len, batches)) == 10
+    assert len(batches) < 10  # concurrent items were really batched
+
+
+def test_batcher_closes_a_batch_after_the_wait() -> None:
+    async def scenario():
+        batcher = MicroBatcher(lambda items: list(items), max_size=100, max_wait_s=0.02)
+        await batcher.start()
+        start = time.perf_counter()
+        result = await batcher.submit(7)
+        elapsed = time.perf_counter() - start
+        await batcher.stop()
+        return result, elapsed
+
+    result, elapsed = asyncio.run(scenario())
+    assert result == 7 and elapsed < 1.0
+
+
+def test_batcher_refuses_work_beyond_its_queue() -> None:
+    release = threading.Event()
+
+    def slow(items):
+        release.wait(5)
+        return list(items)
+
+    async def scenario():
+        batcher = MicroBatcher(slow, max_size=1, max_wait_s=0, max_queue=2)
+        await batcher.start()
+        first = asyncio.create_task(batcher.submit(0))
+        await asyncio.sleep(0.05)  # the first item is being processed, the queue is empty
+        queued = [asyncio.create_task(batcher.submit(i)) for i in (1, 2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(OverloadedError, match="too many queued searches"):
+            await batcher.submit(3)
+        release.set()
+        results = await asyncio.gather(first, *queued)
+        await batcher.stop()
+        return results
+
+    assert asyncio.run(scenario()) == [0, 1, 2]
+
+
+def test_backoff_doubles_up_to_its_maximum_and_resets() -> None:
+    now = [0.0]
+    backoff = Backoff(initial_s=0.5, maximum_s=3.0, clock=lambda: now[0])
+    assert backoff.ready() and not backoff.down
+    assert [backoff.failed() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert not backoff.ready()
+    now[0] = 3.0
+    assert backoff.ready() and backoff.down
+    backoff.succeeded()
+    assert not backoff.down and backoff.failed() == 0.5
+
+
+def test_cache_round_trip_and_fail_open(redis_url: str) -> None:
+    async def scenario():
+        metrics = ServiceMetrics()
+        cache = ResultCache(redis_url, ttl_s=60, metrics=metrics)
+        key = cache_key("v1", "abc")
+        assert key == "probsearch:cache:v1:abc"
+        assert await cache.get(key) is None
+        await cache.set(key, b"{}")
+        assert await cache.get(key) == b"{}"
+        await cache.close()
+        # Nothing listens on port 1: every call is a miss, never an error.
+        down = ResultCache("redis://127.0.0.1:1/0", ttl_s=60, metrics=metrics)
+        started = time.perf_counter()
+        assert await down.get(key) is None
+        await down.set(key, b"{}")
+        assert await down.get(key) is None  # within the backoff: Redis is not even tried
+        await down.close()
+        return metrics, time.perf_counter() - started
+
+    metrics, elapsed = asyncio.run(scenario())
+    assert elapsed < 2.0
+    assert metrics.registry.get_sample_value("probsearch_cache_hits_total") == 1
+    assert metrics.registry.get_sample_value("probsearch_redis_up") == 0
+    errors = metrics.registry.get_sample_value(
+        "probsearch_redis_errors_total", {"component": "cache"}
+    )
+    assert errors == 1
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROBSEARCH_API_KEYS", "first-key-0123456789, second-key-0123456789")
+    monkeypatch.setenv("PROBSEARCH_GALLERIES", "text")
+    monkeypatch.setenv("PROBSEARCH_MAX_K", "50")
+    settings = Settings()
+    assert [k.get_secret_value() for k in settings.api_keys] == [
+        "first-key-0123456789", "second-key-0123456789"
+    ]  # fmt: skip
+    assert settings.galleries == ["text"] and settings.max_k == 50
+    assert "first-key" not in repr(settings)  # secrets stay out of logs
+    assert settings.redis_url is None and settings.cors_origins == []
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"require_api_key_for_search": True}, "no api_keys are configured"),
+        ({"api_keys": "short"}, "at least 16 characters"),
+        ({"mc_samples": 100, "max_mc_samples": 10}, "exceeds max_mc_samples"),
+        ({"candidate_metric": "elk"}, "candidate_metric must have an index form"),
+    ],
+)
+def test_unsafe_settings_are_refused(values: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**values)
+
+
+def test_status_table() -> None:
+    assert status_of(InvalidQueryError("x")) == (422, "invalid_query")
+    assert status_of(IndexUnavailableError("x")) == (503, "index_unavailable")
+    assert status_of(RuntimeError("x")) == (500, "internal_error")
+
+
+def test_serve_refuses_a_missing_model_dir_with_one_line(tmp_path) -> None:
+    command = [str(PROBSEARCH), "serve", "--model", str(tmp_path / "nope"),
+               "--index-root", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "has no model.json: pass --model MODEL_DIR" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

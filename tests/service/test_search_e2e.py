@@ -1,0 +1,214 @@
+"""End-to-end searches against a real uvicorn server, real Redis and real indexes."""
+
+import base64
+import io
+import math
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import torch
+from PIL import Image
+
+from indexer.store import open_version
+from models.gaussian import pairwise_distance
+from tests.service.conftest import Artifacts, ServerThread
+
+CAPTION = "a big red circle and a small blue square"
+
+
+def png_bytes(color: str = "red", size: int = 64) -> bytes:
+    """A small PNG with a filled circle, enough for the shapes encoder."""
+    image = Image.new("RGB", (size, size), "white")
+    from PIL import ImageDraw
+
+    ImageDraw.Draw(image).ellipse((8, 8, size - 8, size - 8), fill=color)
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def brute_force(version_dir, metric: str, mu: list[float], logvar: list[float], k: int):
+    """Exact top-k of the whole gallery: (ids, distances), ties broken by the smaller row."""
+    version = open_version(version_dir)
+    try:
+        distances = pairwise_distance(
+            metric,
+            torch.tensor([mu], dtype=torch.float32),
+            torch.tensor([logvar], dtype=torch.float32),
+            torch.from_numpy(np.array(version.mu, dtype=np.float32)),  # (N, D)
+            torch.from_numpy(np.array(version.logvar, dtype=np.float32)),
+        )[0].numpy()  # (N,)
+        rows = np.argsort(distances, kind="stable")[:k]
+        ids = [record["id"] for record in version.metadata(rows.tolist())]
+        return ids, distances[rows]
+    finally:
+        version.close()
+
+
+@pytest.mark.parametrize("shortlist", [None, 10])
+@pytest.mark.parametrize("metric", ["w2", "kl", "min_kl"])
+def test_text_search_equals_exhaustive_exact_ranking(
+    client: httpx.Client, artifacts: Artifacts, metric: str, shortlist: int | None
+) -> None:
+    # shortlist = k leaves no slack: only a metric-native, exact shortlist passes.
+    k = 10
+    response = client.post(
+        "/search/text",
+        json={
+            "text": CAPTION,
+            "k": k,
+            "metric": metric,
+            "shortlist": shortlist,
+            "return_embedding": True,
+        },
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["metric"] == metric and body["index_version"] == artifacts.image_v1
+    query = body["query"]
+    expected_ids, expected_distances = brute_force(
+        artifacts.index_root / "image" / artifacts.image_v1, metric, query["mu"], query["logvar"], k
+    )
+    assert [hit["id"] for hit in body["results"]] == expected_ids
+    np.testing.assert_allclose(
+        [hit["distance"] for hit in body["results"]], expected_distances, rtol=1e-4, atol=1e-5
+    )
+    assert [hit["rank"] for hit in body["results"]] == list(range(1, k + 1))
+
+
+def test_image_search_multipart_and_base64_agree_and_rank_exactly(
+    client: httpx.Client, artifacts: Artifacts
+) -> None:
+    data = png_bytes("green")
+    multipart = client.post(
+        "/search/image",
+        files={"image": ("query.png", data, "image/png")},
+        data={"k": "5", "metric": "kl", "return_embedding": "true"},
+    )
+    as_json = client.post(
+        "/search/image",
+        json={"image_base64": base64.b64encode(data).decode(), "k": 5, "metric": "kl",
+              "return_embedding": True},
+    )  # fmt: skip
+    assert multipart.status_code == 200, multipart.text
+    assert as_json.status_code == 200, as_json.text
+    first, second = multipart.json(), as_json.json()
+    assert first["results"] == second["results"]
+    assert first["query"]["mutual_information"] == second["query"]["mutual_information"]
+    assert first["query"]["modality"] == "image" and first["index_version"] == artifacts.text_v1
+    expected_ids, _ = brute_force(
+        artifacts.index_root / "text" / artifacts.text_v1, "kl",
+        first["query"]["mu"], first["query"]["logvar"], 5,
+    )  # fmt: skip
+    assert [hit["id"] for hit in first["results"]] == expected_ids
+    assert all("text" in hit["metadata"] for hit in first["results"])
+
+
+def test_embedding_search_matches_the_text_search_it_came_from(client: httpx.Client) -> None:
+    text = client.post(
+        "/search/text", json={"text": CAPTION, "k": 7, "return_embedding": True}
+    ).json()
+    again = client.post(
+        "/search/embedding",
+        json={"mu": text["query"]["mu"], "logvar": text["query"]["logvar"], "gallery": "image",
+              "k": 7},
+    )  # fmt: skip
+    assert again.status_code == 200, again.text
+    body = again.json()
+    assert body["query"]["modality"] == "embedding"
+    assert [h["id"] for h in body["results"]] == [h["id"] for h in text["results"]]
+    assert body["query"]["log_det"] == pytest.approx(text["query"]["log_det"], rel=1e-6)
+
+
+def test_uncertainty_is_deterministic_and_bounded(client: httpx.Client) -> None:
+    # return_embedding changes the cache key but not the query, so both are computed afresh.
+    request = {"text": "two yellow stars", "k": 5, "mc_samples": 12}
+    first = client.post("/search/text", json=request)
+    second = client.post("/search/text", json={**request, "return_embedding": True})
+    assert first.headers["x-cache"] == "miss" and second.headers["x-cache"] == "miss"
+    one, two = first.json()["query"], second.json()["query"]
+    assert one["mutual_information"] == two["mutual_information"]
+    assert one["feature_uncertainty"] == two["feature_uncertainty"]
+    assert one["shortlist_size"] == 100
+    assert 0.0 <= one["mutual_information"] <= math.log(one["shortlist_size"])
+    assert one["feature_uncertainty"] > 0  # MC-dropout draws differ
+    scores = [hit["score"] for hit in first.json()["results"]]
+    assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1 + 1e-6
+    expected_entropy = 0.5 * (len(two["mu"]) * (1 + math.log(2 * math.pi)) + two["log_det"])
+    assert two["entropy"] == pytest.approx(expected_entropy, rel=1e-5)
+
+
+def test_no_mc_samples_means_no_mi_and_no_rejection(client: httpx.Client) -> None:
+    body = client.post("/search/text", json={"text": "a circle", "mc_samples": 0,
+                                             "reject_threshold": 0.0}).json()  # fmt: skip
+    assert body["query"]["mutual_information"] is None
+    assert body["query"]["rejected"] is False
+
+
+def test_rejected_flips_exactly_at_the_threshold(client: httpx.Client) -> None:
+    request = {"text": "an orange star next to a circle", "k": 5, "mc_samples": 10}
+    mi = client.post("/search/text", json=request).json()["query"]["mutual_information"]
+    assert mi > 0
+
+    def rejected(threshold: float) -> bool:
+        body = client.post("/search/text", json={**request, "reject_threshold": threshold})
+        query = body.json()["query"]
+        assert query["mutual_information"] == mi  # the threshold does not change the draws
+        assert query["reject_threshold"] == threshold
+        return query["rejected"]
+
+    assert rejected(math.nextafter(mi, 0.0)) is True
+    assert rejected(mi) is False  # rejected means MI > threshold
+    assert rejected(math.nextafter(mi, math.inf)) is False
+    # Without an override the manifest's calibrated threshold applies (null: never rejected).
+    default = client.post("/search/text", json=request).json()["query"]
+    assert default["reject_threshold"] is None and default["rejected"] is False
+
+
+def test_cache_hit_returns_the_identical_body(
+    client: httpx.Client, server: ServerThread, artifacts: Artifacts
+) -> None:
+    request = {"text": "a purple square", "k": 4, "metric": "kl"}
+    first = client.post("/search/text", json=request)
+    second = client.post("/search/text", json=request)
+    assert first.headers["x-cache"] == "miss"
+    assert second.headers["x-cache"] == "hit"
+    assert second.content == first.content
+    settings = server.services.settings
+    keys = redis.Redis.from_url(settings.redis_url).keys(f"probsearch:cache:{artifacts.image_v1}:*")
+    assert keys, "the response was not cached under its index version"
+    ttl = redis.Redis.from_url(settings.redis_url).ttl(keys[0])
+    assert 0 < ttl <= settings.cache_ttl_s
+
+
+def test_health_readiness_indexes_and_metrics(client: httpx.Client, artifacts: Artifacts) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["versions"] == {"image": artifacts.image_v1, "text": artifacts.text_v1}
+    indexes = client.get("/v1/indexes").json()["indexes"]
+    assert {(i["modality"], i["version"]) for i in indexes} == {
+        ("image", artifacts.image_v1), ("text", artifacts.text_v1)
+    }  # fmt: skip
+    client.post("/search/text", json={"text": "a blue circle", "reject_threshold": 0.0})
+    metrics = client.get("/metrics").text
+    assert (
+        f'probsearch_active_index_version{{modality="image",version="{artifacts.image_v1}"}} 1.0'
+        in metrics
+    )
+    assert 'probsearch_onnx_provider{encoder="text",provider="CPUExecutionProvider"} 1.0' in metrics
+    assert 'probsearch_requests_total{endpoint="/search/text",status="200"}' in metrics
+    assert 'probsearch_stage_latency_seconds_count{stage="rerank"}' in metrics
+    assert "probsearch_cache_hits_total" in metrics and "probsearch_cache_misses_total" in metrics
+    assert 'probsearch_rejections_total{gallery="image"}' in metrics
+
+
+def test_timings_cover_every_stage(client: httpx.Client) -> None:
+    body = client.post("/search/text", json={"text": "a small green box", "k": 3}).json()
+    timings = body["timings_ms"]
+    assert set(timings) == {"encode", "shortlist", "rerank", "uncertainty", "total"}
+    assert all(value >= 0 for value in timings.values())
+    stages = timings["encode"] + timings["shortlist"] + timings["rerank"] + timings["uncertainty"]
+    assert timings["total"] >= stages * 0.99
