@@ -5,6 +5,7 @@ import typer
 from indexer.cli import app as indexer_app
 from models.cli import app as models_app
 from models.datasets.cli import app as data_app
+from models.evaluation_cli import eval_command
 from service.commands import app as service_app
 
 app = typer.Typer(
@@ -15,6 +16,7 @@ app = typer.Typer(
 )
 app.add_typer(models_app)
 app.add_typer(data_app, name="data", help="Generate or check datasets.")
+app.command("eval")(eval_command)
 app.add_typer(indexer_app)
 app.add_typer(service_app)
 

@@ -1,5 +1,202 @@
-"""Subcommands of the service stage: serve."""
+"""Subcommands of the service stage: serve, calibrate, demo."""
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
+
+from service.settings import Settings
 
 app = typer.Typer(no_args_is_help=True)
+
+
+def _settings_with(overrides: dict[str, Any]) -> Settings:
+    """Settings from PROBSEARCH_* with the given CLI flags on top (None: not given)."""
+    given = {name: value for name, value in overrides.items() if value is not None}
+    return Settings(**given)
+
+
+def _check_paths(settings: Settings) -> None:
+    if not (settings.model / "model.json").is_file():
+        raise ValueError(
+            f"model dir {settings.model} has no model.json: pass --model MODEL_DIR "
+            "(a dir written by `probsearch train`) or set PROBSEARCH_MODEL"
+        )
+    if not settings.index_root.is_dir():
+        raise ValueError(
+            f"index root {settings.index_root} does not exist: pass --index-root or "
+            "set PROBSEARCH_INDEX_ROOT (build one with `probsearch reindex`)"
+        )
+
+
+@app.command()
+def serve(
+    index_root: Annotated[
+        Path | None, typer.Option(help="Index root (PROBSEARCH_INDEX_ROOT).")
+    ] = None,
+    model: Annotated[Path | None, typer.Option(help="Model dir (PROBSEARCH_MODEL).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (PROBSEARCH_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (PROBSEARCH_PORT).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the HTTP query service (every setting also reads PROBSEARCH_*; flags win)."""
+    import uvicorn
+
+    from service.main import create_app
+
+    overrides = {
+        "index_root": index_root,
+        "model": model,
+        "host": host,
+        "port": port,
+        "workers": workers,
+        "redis_url": redis_url,
+    }
+    try:
+        settings = _settings_with(overrides)
+        _check_paths(settings)
+    except (ValidationError, ValueError) as error:
+        typer.echo(f"error: {_one_line(error)}", err=True)
+        raise typer.Exit(2) from None
+    if settings.workers == 1:
+        uvicorn.run(
+            create_app(settings), host=settings.host, port=settings.port, log_level=log_level
+        )
+        return
+    # Worker processes rebuild the settings from the environment: hand the flags on there.
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[f"PROBSEARCH_{name.upper()}"] = str(value)
+    uvicorn.run(
+        "service.main:create_app_from_env",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=log_level,
+    )
+
+
+def _one_line(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        return "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors()
+        )
+    return str(error)
+
+
+@app.command()
+def calibrate(
+    data: Annotated[Path, typer.Option(help="Dataset dir with the held-out queries.")],
+    target_precision: Annotated[
+        float | None, typer.Option(help="R@1 precision the kept queries must reach.")
+    ] = None,
+    target_coverage: Annotated[
+        float | None, typer.Option(help="Fraction of queries to keep instead.")
+    ] = None,
+    index_root: Annotated[
+        Path | None, typer.Option(help="Index root (PROBSEARCH_INDEX_ROOT).")
+    ] = None,
+    model: Annotated[Path | None, typer.Option(help="Model dir (PROBSEARCH_MODEL).")] = None,
+    gallery: Annotated[list[str] | None, typer.Option(help="image and/or text.")] = None,
+    split: Annotated[str, typer.Option(help="Held-out split the gallery does not hold.")] = "val",
+    metrics: Annotated[str, typer.Option(help="Comma-separated; default: all served.")] = "",
+    mc_samples: Annotated[
+        int | None, typer.Option(help="MC draws (PROBSEARCH_MC_SAMPLES).")
+    ] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+) -> None:
+    """Pick the temperature and rejection threshold of the active indexes on held-out queries."""
+    from indexer.registry import ActiveRegistry
+    from service.calibration import CalibrationJob, Target, run_calibration
+
+    try:
+        settings = _settings_with(
+            {"index_root": index_root, "model": model, "redis_url": redis_url}
+        )
+        _check_paths(settings)
+        target = Target(precision=target_precision, coverage=target_coverage)
+        registry = ActiveRegistry(settings.index_root, settings.redis_url)
+        for modality in gallery or settings.galleries:
+            version = registry.active_version(modality)
+            if version is None:
+                raise ValueError(f"no active {modality} index under {settings.index_root}")
+            job = CalibrationJob(
+                version_dir=registry.version_path(modality, version),
+                model_dir=settings.model,
+                data_dir=data,
+                target=target,
+                split=split,
+                metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()),
+                mc_samples=settings.mc_samples if mc_samples is None else mc_samples,
+                device=settings.device,
+            )
+            for result in run_calibration(job):
+                typer.echo(_calibration_line(modality, version, result))
+    except (ValidationError, ValueError) as error:
+        typer.echo(f"error: {_one_line(error)}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _calibration_line(modality: str, version: str, result: Any) -> str:
+    met = "" if result.target_met else "  (target NOT met: most certain group kept)"
+    return (
+        f"{modality} {version} {result.metric}: T={result.temperature:g} tau={result.threshold:.4f}"
+        f" keeps {100 * result.kept_fraction:.1f}% at R@1 precision "
+        f"{100 * result.kept_precision:.1f}% (all queries: {100 * result.accuracy:.1f}%){met}"
+    )
+
+
+DEFAULT_LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+
+
+@app.command()
+def demo(
+    cache_dir: Annotated[Path, typer.Option(help="Where the demo builds and reuses.")] = Path(
+        ".cache/demo"
+    ),
+    serve: Annotated[bool, typer.Option(help="Serve after building (--no-serve: stop).")] = True,
+    small: Annotated[bool, typer.Option(help="A reduced build (CI, a quick look).")] = False,
+    examples_only: Annotated[
+        bool, typer.Option(help="Stop after the example queries instead of serving on.")
+    ] = False,
+    host: Annotated[str | None, typer.Option(help="Bind address (PROBSEARCH_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (PROBSEARCH_PORT), 0: any.")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+) -> None:
+    """Build (or reuse) the shapes data, model, indexes and calibration, then serve on :8000."""
+    import httpx
+
+    from service.background_server import BackgroundServer
+    from service.demo import SMALL_PLAN, DemoPlan, build_demo, redis_answering, run_examples
+
+    try:
+        settings = _settings_with({"host": host, "port": port, "redis_url": redis_url})
+        url = settings.redis_url or DEFAULT_LOCAL_REDIS
+        if redis_answering(url):
+            typer.echo(f"using Redis at {url} (active versions, result cache)")
+        else:
+            typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
+            url = None
+        paths = build_demo(cache_dir.resolve(), SMALL_PLAN if small else DemoPlan(), url)
+        if not serve:
+            return
+        settings = settings.model_copy(
+            update={"index_root": paths.index_root, "model": paths.model, "redis_url": url}
+        )
+        with BackgroundServer(settings, log_level="warning") as server:
+            with httpx.Client(timeout=60) as http:
+                run_examples(http, server.url, paths, typer.echo)
+            if examples_only:
+                return
+            typer.echo(f"\nserving on {server.url} (OpenAPI at {server.url}/docs); Ctrl-C stops")
+            server.wait()
+    except (ValidationError, ValueError) as error:
+        typer.echo(f"error: {_one_line(error)}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")

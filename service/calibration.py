@@ -1,0 +1,256 @@
+"""Calibration of the rejection rule: per metric, the temperature T and threshold tau.
+
+Held-out queries (a split the gallery does not hold) go through the same steps as a served
+request: encode with MC-dropout draws, shortlist from the index, exact re-rank, mutual
+information over the shortlist (service.rerank). A query counts as answered correctly when
+its top result is a plausible match (models.datasets.records.is_plausible_match). Then:
+
+- T is the candidate temperature whose MI ranks the queries best for rejection (AUPRC of
+  R@1 precision against the fraction of queries kept);
+- tau is the largest MI that still meets the target: the precision of the kept queries
+  (MI <= tau) is at least P, or at least a fraction C of the queries is kept.
+"""
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from indexer.manifest import Calibration, read_manifest, sha256_file, write_manifest
+from indexer.store import IndexVersion, update_calibration
+from models.datasets.records import (
+    CaptionRecord,
+    ImageRecord,
+    PairedDataset,
+    is_plausible_match,
+    load_dataset,
+)
+from models.encoder_runtime import Embeddings, OnnxEncoder
+from models.rejection_metrics import precision_coverage
+from models.uncertainty import mutual_information
+from service.rerank import draw_distances, exact_rerank, rerank_device
+
+CALIBRATION_FILE = "calibration.json"
+DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+
+
+class CalibrationError(ValueError):
+    """Calibration cannot run on this input (no queries, unknown metric, bad target)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What tau must achieve: a precision of the kept queries, or a fraction kept."""
+
+    precision: float | None = None
+    coverage: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.precision is None) == (self.coverage is None):
+            raise CalibrationError("give exactly one of --target-precision and --target-coverage")
+        value = self.precision if self.precision is not None else self.coverage
+        if not 0.0 < float(value) <= 1.0:
+            raise CalibrationError(f"the target must lie in (0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class MetricCalibration:
+    """The outcome for one metric, with the evidence behind it."""
+
+    metric: str
+    temperature: float
+    threshold: float
+    auprc_by_temperature: dict[str, float]
+    accuracy: float  # R@1 precision with no rejection
+    kept_fraction: float  # of the calibration queries, at tau
+    kept_precision: float  # R@1 precision of the kept queries, at tau
+    target_met: bool
+    queries: int
+
+
+def select_threshold(mi: np.ndarray, correct: np.ndarray, target: Target) -> tuple[float, int]:
+    """The tau meeting `target` on these queries and how many queries it keeps (MI <= tau).
+
+    Queries are kept from the most certain on; tau only falls between distinct MI values, so
+    ties are kept or rejected together. When no tau meets a precision target, the most certain
+    group alone is kept.
+    """
+    order = np.argsort(mi, kind="stable")
+    sorted_mi, sorted_correct = mi[order], correct[order].astype(np.float64)
+    kept = np.arange(1, len(mi) + 1)
+    boundary = np.append(sorted_mi[1:] != sorted_mi[:-1], True)  # last query of each MI group
+    if target.coverage is not None:
+        eligible = boundary & (kept >= math.ceil(target.coverage * len(mi) - 1e-9))
+        count = int(kept[eligible][0])
+    else:
+        precision = np.cumsum(sorted_correct) / kept
+        eligible = boundary & (precision >= target.precision - 1e-12)
+        count = int(kept[eligible][-1]) if eligible.any() else int(kept[boundary][0])
+    return float(sorted_mi[count - 1]), count
+
+
+class Judge:
+    """Tells whether a gallery item is a plausible match for held-out query number q."""
+
+    def __init__(self, queries: Sequence, dataset: PairedDataset, gallery: str) -> None:
+        self.queries, self.dataset, self.gallery = queries, dataset, gallery
+        self.captions = {c.id: c for c in dataset.captions} if gallery == "text" else {}
+
+    def __call__(self, q: int, gallery_id: str) -> bool:
+        query = self.queries[q]
+        if self.gallery == "image":
+            return is_plausible_match(query, self.dataset.image(gallery_id))
+        return is_plausible_match(self.captions[gallery_id], query)
+
+
+def encode_queries(
+    encoder: OnnxEncoder, queries: Sequence[CaptionRecord | ImageRecord], mc: int, seed: int
+) -> Embeddings:
+    """Deterministic embeddings and `mc` MC-dropout draws of the held-out queries."""
+    if encoder.modality == "text":
+        return encoder.encode_texts([q.text for q in queries], mc, seed)
+    images = []
+    for query in tqdm(queries, desc="load query images", unit="image"):
+        with Image.open(query.path) as image:
+            images.append(image.convert("RGB"))
+    return encoder.encode_images(images, mc, seed)
+
+
+def query_mutual_information(
+    version: IndexVersion,
+    metric: str,
+    embeddings: Embeddings,
+    judge: Judge,
+    temperatures: Sequence[float],
+    shortlist: int,
+    device: torch.device,
+) -> tuple[np.ndarray, np.ndarray]:
+    """MI per (temperature, query) and R@1 correctness per query, as the service computes them.
+
+    Returns:
+        mi: (T, Q) mutual information of each query at each temperature.
+        correct: (Q,) whether the top result is a plausible match.
+    """
+    _, rows = version.shortlist(metric, embeddings.mu, embeddings.logvar, shortlist)  # (Q, S)
+    mi = np.zeros((len(temperatures), len(rows)))
+    correct = np.zeros(len(rows), dtype=bool)
+    for q, candidate_rows in enumerate(tqdm(rows, desc=f"calibrate {metric}", unit="query")):
+        ranked = exact_rerank(
+            metric, embeddings.mu[q], embeddings.logvar[q], version.mu, version.logvar,
+            candidate_rows, shortlist, device,
+        )  # fmt: skip
+        correct[q] = judge(q, version.metadata([int(ranked.rows[0])])[0]["id"])
+        distances = draw_distances(
+            metric, ranked, embeddings.mc_mu[:, q], embeddings.mc_logvar[:, q]
+        )[:, None, :]  # (L, 1, M)
+        for t, temperature in enumerate(temperatures):
+            mi[t, q] = float(mutual_information(distances, temperature)[0])
+    return mi, correct
+
+
+def summarise(
+    metric: str, temperatures: Sequence[float], mi: np.ndarray, correct: np.ndarray, target: Target
+) -> MetricCalibration:
+    """Pick T by AUPRC and tau by the target from the per-temperature MI of the queries."""
+    auprc = [precision_coverage(mi[t], correct).auprc for t in range(len(temperatures))]
+    best = int(np.argmax(auprc))
+    threshold, kept = select_threshold(mi[best], correct, target)
+    kept_mask = mi[best] <= threshold
+    kept_precision = float(correct[kept_mask].mean())
+    met = (
+        kept_precision >= target.precision - 1e-12
+        if target.precision is not None
+        else kept / len(correct) >= target.coverage - 1e-12
+    )
+    return MetricCalibration(
+        metric=metric,
+        temperature=float(temperatures[best]),
+        threshold=threshold,
+        auprc_by_temperature={str(t): float(a) for t, a in zip(temperatures, auprc, strict=True)},
+        accuracy=float(correct.mean()),
+        kept_fraction=kept / len(correct),
+        kept_precision=kept_precision,
+        target_met=bool(met),
+        queries=len(correct),
+    )
+
+
+def record(version_dir: Path, results: Sequence[MetricCalibration], data_dir: Path, split: str,
+           target: Target, mc_samples: int) -> None:  # fmt: skip
+    """Write T and tau into the manifest and the evidence into calibration.json (checksummed)."""
+    update_calibration(
+        version_dir, {r.metric: Calibration(r.temperature, r.threshold) for r in results}
+    )
+    evidence = {
+        "data": str(data_dir),
+        "data_captions_sha256": sha256_file(data_dir / "captions.jsonl"),
+        "split": split,
+        "target": asdict(target),
+        "mc_samples": mc_samples,
+        "metrics": {r.metric: asdict(r) for r in results},
+    }
+    path = version_dir / CALIBRATION_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(evidence, indent=2, sort_keys=True))
+    tmp.replace(path)
+    manifest = read_manifest(version_dir)
+    files = {**manifest.files, CALIBRATION_FILE: sha256_file(path)}
+    write_manifest(version_dir, manifest.with_files(files))
+
+
+@dataclass(frozen=True)
+class CalibrationJob:
+    """One `probsearch calibrate` run on one gallery's version dir."""
+
+    version_dir: Path
+    model_dir: Path
+    data_dir: Path
+    target: Target
+    split: str = "val"
+    metrics: tuple[str, ...] = ()  # empty: every metric the version serves
+    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    mc_samples: int = 16
+    shortlist: int = 100
+    seed: int = 0
+    device: str = "auto"
+
+
+def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
+    """Calibrate T and tau for each metric of the version and record them in its manifest."""
+    if job.mc_samples < 2:
+        raise CalibrationError("mutual information needs at least 2 MC draws (--mc-samples)")
+    version = IndexVersion(job.version_dir)
+    try:
+        gallery = version.manifest.modality
+        metrics = job.metrics or version.manifest.metrics
+        unknown = [m for m in metrics if not version.supports(m)]
+        if unknown:
+            raise CalibrationError(
+                f"the {gallery} version {version.manifest.version} does not serve {unknown}; "
+                f"it serves {', '.join(version.manifest.metrics)}"
+            )
+        dataset = load_dataset(job.data_dir)
+        held_out = dataset.split(job.split)
+        queries = held_out.captions if gallery == "image" else held_out.images
+        if not queries:
+            raise CalibrationError(f"split {job.split!r} of {job.data_dir} has no queries")
+        encoder = OnnxEncoder(job.model_dir, "text" if gallery == "image" else "image", job.device)
+        embeddings = encode_queries(encoder, queries, job.mc_samples, job.seed)
+        judge = Judge(queries, dataset, gallery)
+        device = rerank_device(job.device)
+        results = []
+        for metric in metrics:
+            mi, correct = query_mutual_information(
+                version, metric, embeddings, judge, job.temperatures, job.shortlist, device
+            )
+            results.append(summarise(metric, job.temperatures, mi, correct, job.target))
+    finally:
+        version.close()
+    record(job.version_dir, results, job.data_dir, job.split, job.target, job.mc_samples)
+    return results

@@ -1,0 +1,116 @@
+"""Calibration of T and tau: the threshold rule against brute force, and `probsearch calibrate`."""
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from indexer.manifest import read_manifest, verify_checksums
+from indexer.registry import ActiveRegistry
+from service.calibration import CalibrationError, Target, select_threshold
+from tests.service.conftest import PROBSEARCH, Artifacts, copy_index_root, probsearch
+
+queries = st.integers(1, 40).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.sampled_from([0.0, 0.1, 0.2, 0.5, 1.0, 2.0]), min_size=n, max_size=n),
+        st.lists(st.booleans(), min_size=n, max_size=n),
+    )
+)
+
+
+def brute_force_threshold(mi: np.ndarray, correct: np.ndarray, target: Target) -> float:
+    """The largest (precision) or smallest (coverage) distinct MI value meeting the target."""
+    candidates = sorted(set(mi.tolist()))
+    meets = []
+    for tau in candidates:
+        kept = mi <= tau
+        if target.precision is not None:
+            ok = correct[kept].mean() >= target.precision - 1e-12
+        else:
+            ok = kept.mean() >= target.coverage - 1e-9
+        meets.append(ok)
+    if target.precision is not None:
+        passing = [tau for tau, ok in zip(candidates, meets, strict=True) if ok]
+        return max(passing) if passing else candidates[0]
+    return min(tau for tau, ok in zip(candidates, meets, strict=True) if ok)
+
+
+@settings(max_examples=200, deadline=None)
+@given(queries, st.sampled_from([0.2, 0.5, 0.75, 1.0]), st.booleans())
+def test_threshold_matches_brute_force(data, goal, by_precision) -> None:
+    mi, correct = np.array(data[0]), np.array(data[1])
+    target = Target(precision=goal) if by_precision else Target(coverage=goal)
+    tau, kept = select_threshold(mi, correct, target)
+    assert tau == brute_force_threshold(mi, correct, target)
+    assert kept == int((mi <= tau).sum())
+
+
+def test_coverage_threshold_keeps_at_least_the_fraction() -> None:
+    mi = np.array([0.3, 0.1, 0.2, 0.4])
+    tau, kept = select_threshold(mi, np.ones(4, dtype=bool), Target(coverage=0.5))
+    assert (tau, kept) == (0.2, 2)
+
+
+@pytest.mark.parametrize(
+    ("precision", "coverage"), [(None, None), (0.9, 0.5), (0.0, None), (None, 1.5)]
+)
+def test_target_must_be_one_value_in_range(precision, coverage) -> None:
+    with pytest.raises(CalibrationError):
+        Target(precision=precision, coverage=coverage)
+
+
+@pytest.fixture(scope="module")
+def calibrated(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the session's index root, calibrated on the val split by the CLI."""
+    root = copy_index_root(artifacts, tmp_path_factory.mktemp("calibrated") / "indexes")
+    probsearch(
+        "calibrate", "--data", artifacts.shapes, "--index-root", root, "--model", artifacts.model,
+        "--target-coverage", "0.6", "--mc-samples", "4",
+    )  # fmt: skip
+    return root
+
+
+@pytest.mark.parametrize("modality", ["image", "text"])
+def test_calibrate_records_t_and_tau_per_metric(calibrated: Path, modality: str) -> None:
+    registry = ActiveRegistry(calibrated, None)
+    version_dir = registry.version_path(modality, registry.active_version(modality))
+    manifest = read_manifest(version_dir)
+    evidence = json.loads((version_dir / "calibration.json").read_text())
+    verify_checksums(version_dir, manifest)
+    assert set(manifest.calibration) == set(manifest.metrics) == set(evidence["metrics"])
+    for metric, calibration in manifest.calibration.items():
+        result = evidence["metrics"][metric]
+        assert calibration.temperature == result["temperature"]
+        assert calibration.threshold == result["threshold"]
+        best = max(result["auprc_by_temperature"].items(), key=lambda item: item[1])
+        assert math.isclose(float(best[0]), calibration.temperature)
+        assert result["kept_fraction"] >= 0.6
+        assert result["target_met"]
+
+
+def test_calibrate_refuses_two_targets(artifacts: Artifacts) -> None:
+    done = subprocess.run(
+        [str(PROBSEARCH), "calibrate", "--data", str(artifacts.shapes), "--index-root",
+         str(artifacts.index_root), "--model", str(artifacts.model),
+         "--target-precision", "0.5", "--target-coverage", "0.5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "exactly one of --target-precision and --target-coverage" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_calibrate_without_an_active_index(artifacts: Artifacts, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run(
+        [str(PROBSEARCH), "calibrate", "--data", str(artifacts.shapes), "--index-root",
+         str(tmp_path / "empty"), "--model", str(artifacts.model), "--target-coverage", "0.5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "no active image index" in done.stderr

@@ -1,0 +1,63 @@
+"""`probsearch demo --small`: build, serve, one query per endpoint, shut down; then reuse."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.service.conftest import PROBSEARCH
+
+NO_REDIS = "redis://127.0.0.1:1/0"
+
+
+def run_demo(cache_dir: Path, redis_url: str) -> subprocess.CompletedProcess:
+    command = [str(PROBSEARCH), "demo", "--small", "--cache-dir", str(cache_dir),
+               "--examples-only", "--port", "0", "--redis-url", redis_url]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The demo built from nothing, without Redis (about two minutes on 2 cores)."""
+    cache = tmp_path_factory.mktemp("demo") / "cache"
+    return cache, run_demo(cache, NO_REDIS).stdout
+
+
+def test_first_run_builds_every_stage_and_answers(first_run: tuple[Path, str]) -> None:
+    _, out = first_run
+    assert "running without it" in out
+    for stage in ("[1/4]", "[2/4]", "[3/4]", "[4/4]"):
+        assert stage in out
+    assert "/search/text -H 'Content-Type: application/json'" in out
+    assert "/search/image -F image=@" in out
+    assert "# a query the service rejects" in out
+    rejected_example = out.split("# a query the service rejects", 1)[1]
+    assert "REJECTED" in rejected_example
+
+
+def test_first_run_activates_calibrated_versions(first_run: tuple[Path, str]) -> None:
+    cache, _ = first_run
+    state = json.loads((cache / "demo.json").read_text())
+    assert set(state["stages"]) == {"data", "model", "indexes", "calibration"}
+    for gallery, version in state["stages"]["indexes"].items():
+        assert (cache / "indexes" / gallery / "ACTIVE").read_text().strip() == version
+        manifest = json.loads((cache / "indexes" / gallery / version / "manifest.json").read_text())
+        assert manifest["calibration"]["w2"]["threshold"] is not None
+
+
+def test_second_run_reuses_and_activates_in_redis(
+    first_run: tuple[Path, str], redis_url: str
+) -> None:
+    cache, _ = first_run
+    out = run_demo(cache, redis_url).stdout
+    assert f"using Redis at {redis_url}" in out
+    assert "[1/4]" not in out and "[4/4]" not in out
+    assert "# image -> captions (upload)" in out
+    client = redis.Redis.from_url(redis_url)
+    state = json.loads((cache / "demo.json").read_text())
+    for gallery, version in state["stages"]["indexes"].items():
+        assert client.get(f"probsearch:active:{gallery}").decode() == version
