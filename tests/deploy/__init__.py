@@ -1,4 +1,4 @@
-"""Tests of the deployment files (docker/, docker-compose.yml, k8s/, docs/deploy.md), and the
+"""Tests of the deployment files (docker/, docker-compose.yml, k8s/, README.md), and the
 few helpers they share: where the repository is and how to find the external tools."""
 
 import json

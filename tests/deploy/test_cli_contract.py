@@ -1,5 +1,5 @@
 """What the containers run is the real CLI: every `probsearch ...` command in docker/,
-docker-compose.yml, k8s/ and docs/deploy.md resolves in the click tree of the `probsearch`
+docker-compose.yml, k8s/ and README.md resolves in the click tree of the `probsearch`
 console script with options it accepts and every required one given, and every PROBSEARCH_*
 name in those files is a field of the service Settings."""
 
@@ -19,7 +19,7 @@ from tests.deploy import REPO, image_argv, image_env
 
 DOCKERFILES = {"docker/Dockerfile": "cpu", "docker/Dockerfile.gpu": "cuda"}
 COMPOSE = REPO / "docker-compose.yml"
-DOCS = REPO / "docs" / "deploy.md"
+DOCS = REPO / "README.md"
 K8S_FILES = sorted((REPO / "k8s").rglob("*.yaml"))
 DEPLOY_FILES = [REPO / f for f in DOCKERFILES] + [COMPOSE, *K8S_FILES, DOCS]
 WORKLOAD_KINDS = ("Deployment", "Job", "CronJob")
@@ -117,7 +117,7 @@ def k8s_invocations() -> list[Invocation]:
 
 
 def docs_invocations() -> list[Invocation]:
-    """`probsearch` commands in the shell blocks of docs/deploy.md: at the start of a command,
+    """`probsearch` commands in the shell blocks of README.md: at the start of a command,
     after `--` (kubectl exec) or a compose service name (`--entrypoint probsearch SERVICE`)."""
     blocks = re.findall(r"```(?:bash|sh|console)\n(.*?)```", DOCS.read_text(), re.S)
     env = frozenset(image_env(REPO / "docker/Dockerfile"))
@@ -132,9 +132,7 @@ def docs_invocations() -> list[Invocation]:
                 continue
             rest = tokens[i + 2 :] if previous == "--entrypoint" else tokens[i + 1 :]
             end = next((j for j, t in enumerate(rest) if t in SHELL_OPERATORS), len(rest))
-            found.append(
-                Invocation(f"docs/deploy.md: {line.strip()}", ["probsearch", *rest[:end]], env)
-            )
+            found.append(Invocation(f"README.md: {line.strip()}", ["probsearch", *rest[:end]], env))
     return found
 
 

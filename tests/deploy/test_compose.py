@@ -1,5 +1,5 @@
 """docker-compose.yml: `docker compose config` accepts it (no engine needed), and the services
-are wired as docs/deploy.md says: redis, a one-shot bootstrap, the api, and the gpu and reindex
+are wired as README.md says: redis, a one-shot bootstrap, the api, and the gpu and reindex
 profiles; every probsearch container's environment is a valid service Settings."""
 
 import importlib.util

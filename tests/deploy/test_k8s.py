@@ -211,7 +211,7 @@ def test_gpu_only_in_the_gpu_overlay(
 
 
 def test_documented_customisations_render(tmp_path: Path) -> None:
-    """docs/deploy.md's own overlay: external Redis component plus API keys from an env file."""
+    """README.md's own overlay: external Redis component plus API keys from an env file."""
     (tmp_path / "api-keys.env").write_text("PROBSEARCH_API_KEYS=0123456789abcdef-key\n")
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
