@@ -138,11 +138,19 @@ class IndexHolder:
                 self._close(loaded)
 
     def refresh(self, modalities: list[str] | None = None) -> dict[str, str | None]:
-        """Read the active version of each gallery and swap in those that changed."""
+        """Read the active version of each gallery and swap in those that changed.
+
+        A gallery with nothing loaded whose Redis version cannot be opened here (not on this
+        replica's disk) falls back to the version its ACTIVE pointer file names.
+        """
         for modality in modalities or self.galleries:
             version = self._active_version(modality)
             if version is not None and version != self.versions().get(modality):
                 self._load(modality, version)
+            if self.versions().get(modality) is None:
+                fallback = self._pointer_file_version(modality)
+                if fallback is not None and fallback != version:
+                    self._load(modality, fallback)
         return self.versions()
 
     # ----- internals ---------------------------------------------------------------------
@@ -155,6 +163,13 @@ class IndexHolder:
             return registry.active_version(modality)
         except (ValueError, OSError) as error:
             log.error("cannot read the active %s version: %s", modality, error)
+            return None
+
+    def _pointer_file_version(self, modality: str) -> str | None:
+        try:
+            return self._file_registry.active_version(modality)
+        except (ValueError, OSError) as error:
+            log.error("cannot read the %s ACTIVE pointer file: %s", modality, error)
             return None
 
     def _load(self, modality: str, version: str) -> None:

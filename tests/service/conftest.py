@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pytest_redis import factories
 from pytest_redis.executor.process import RedisExecutor
 
 from indexer.registry import ActiveRegistry
@@ -102,15 +103,20 @@ def make_settings(artifacts: Artifacts, index_root: Path | None = None, **overri
     return Settings(**values)
 
 
+# A redis-server of the service tests' own: the other packages' tests flush and activate on the
+# shared one, and pub/sub activation events reach every database of a server.
+service_redis = factories.redis_proc(port=None)
+
+
 def redis_url_of(redis_server: RedisExecutor, db: int = 0) -> str:
     """URL of a database of the session's redis-server."""
     return f"redis://{redis_server.host}:{redis_server.port}/{db}"
 
 
 @pytest.fixture(scope="session")
-def server(artifacts: Artifacts, redis_server: RedisExecutor) -> Iterator[ServerThread]:
-    """The shared server: session indexes, Redis database 0 of the session's redis-server."""
-    settings = make_settings(artifacts, redis_url=redis_url_of(redis_server, 0))
+def server(artifacts: Artifacts, service_redis: RedisExecutor) -> Iterator[ServerThread]:
+    """The shared server: session indexes, Redis database 0 of the service tests' redis-server."""
+    settings = make_settings(artifacts, redis_url=redis_url_of(service_redis, 0))
     with ServerThread(settings) as running:
         yield running
 

@@ -35,10 +35,10 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
 
 
 def test_activation_under_load_swaps_without_failures(
-    artifacts: Artifacts, redis_server: RedisExecutor, tmp_path: Path
+    artifacts: Artifacts, service_redis: RedisExecutor, tmp_path: Path
 ) -> None:
     root = copy_index_root(artifacts, tmp_path / "indexes")
-    url = redis_url_of(redis_server, 1)  # a database of its own: other servers use db 0
+    url = redis_url_of(service_redis, 1)  # a database of its own: other servers use db 0
     redis.Redis.from_url(url).flushdb()
     # A long poll interval: the swap must come from the pub/sub activation event.
     settings = make_settings(artifacts, index_root=root, redis_url=url, poll_interval_s=60)
@@ -170,3 +170,19 @@ def test_redis_outage_then_recovery(
         assert http.post("/search/text", json=request).json()["index_version"] == (
             artifacts.image_v2
         )
+
+
+def test_a_redis_version_missing_on_disk_falls_back_to_the_pointer_file(
+    artifacts: Artifacts, service_redis: RedisExecutor, tmp_path: Path
+) -> None:
+    root = copy_index_root(artifacts, tmp_path / "indexes")
+    url = redis_url_of(service_redis, 2)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.set("probsearch:active:text", "20000101T000000000Z-notondisk")
+    with ServerThread(make_settings(artifacts, index_root=root, redis_url=url)) as server:
+        assert server.services.holder.versions() == {
+            "image": artifacts.image_v1,
+            "text": artifacts.text_v1,
+        }
+        assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200
