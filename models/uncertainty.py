@@ -62,12 +62,16 @@ def mutual_information(distances: Tensor, temperature: float) -> Tensor:
         raise UncertaintyInputError(
             f"distances must be (L draws, Q queries, M candidates); got {tuple(distances.shape)}"
         )
-    posterior = retrieval_posterior(distances, temperature)  # (L, Q, M)
-    mean_posterior = posterior.mean(dim=0)  # (Q, M)
-    mean_entropy = _categorical_entropy(posterior).mean(dim=0)  # (Q,)
-    mi = _categorical_entropy(mean_posterior) - mean_entropy  # (Q,)
+    retrieval_posterior(distances, temperature)  # validates the input
+    # MI = mean_l KL(p_l || mean p), a mean of non-negative terms, in float64: at high T the
+    # posteriors differ by less than float32's resolution and H(mean) - mean H cancels to noise.
+    log_p = torch.log_softmax(-distances.double() / temperature, dim=-1)  # (L, Q, M)
+    log_mean = torch.logsumexp(log_p, dim=0) - math.log(distances.shape[0])  # (Q, M)
+    terms = torch.where(log_p > -math.inf, log_p.exp() * (log_p - log_mean), 0.0)  # (L, Q, M)
+    mi = terms.sum(dim=-1).mean(dim=0)  # (Q,)
     # Exact MI lies in [0, ln M]; remove round-off outside it.
-    return mi.clamp(min=0.0, max=math.log(distances.shape[-1]))
+    dtype = distances.dtype if distances.is_floating_point() else torch.float32
+    return mi.clamp(min=0.0, max=math.log(distances.shape[-1])).to(dtype)
 
 
 def sample_gaussian(
@@ -91,11 +95,6 @@ def sample_gaussian(
         (num_samples, *mu.shape), generator=generator, dtype=mu.dtype, device=generator.device
     ).to(mu.device)  # (L, N, D)
     return mu[None] + torch.exp(0.5 * logvar)[None] * eps
-
-
-def _categorical_entropy(p: Tensor) -> Tensor:
-    """-sum p ln p over the last dim, with 0 ln 0 = 0."""
-    return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
 def _check_temperature(temperature: float) -> None:

@@ -126,3 +126,13 @@ def test_sample_gaussian_rejects_bad_input():
         sample_gaussian(torch.zeros(2, 3), torch.zeros(2, 3), 0)
     with pytest.raises(UncertaintyInputError, match=r"\(N, D\)"):
         sample_gaussian(torch.zeros(2, 3), torch.zeros(2, 2), 4)
+
+
+def test_mutual_information_keeps_its_precision_at_high_temperature():
+    """float32 distances at T=10: MI ~1e-6 nats must still match the float64 loop closely."""
+    distances = np.random.default_rng(4).uniform(0, 0.1, size=(16, 20, 100)).astype(np.float32)
+    got = mutual_information(torch.from_numpy(distances), temperature=10.0).numpy()
+    expected = loop_mutual_information(distances.astype(np.float64), 10.0)
+    assert expected.max() < 1e-5
+    np.testing.assert_allclose(got, expected, rtol=1e-3)
+    assert len(np.unique(got)) == len(got)
