@@ -6,12 +6,12 @@ same plan, so a second run only activates and serves:
     <cache>/data/       shapes dataset              (probsearch data shapes)
     <cache>/model/      trained model + ONNX        (probsearch train)
     <cache>/indexes/    image and caption galleries (probsearch reindex, the test split)
-    <cache>/demo.json   the plan and the stages done (calibration on the val split included)
+    <cache>/demo.json   each stage done, with the plan fields it was built for
 """
 
-import dataclasses
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from service.calibration import CalibrationJob, Target, run_calibration
 log = logging.getLogger(__name__)
 
 STATE_FILE = "demo.json"
+Say = Callable[[str], None]
 GALLERIES = ("image", "text")
 
 
@@ -41,7 +42,7 @@ class DemoPlan:
     embed_dim: int = 32
     seed: int = 0
     metrics: tuple[str, ...] = ("w2", "kl", "min_kl", "js", "csd")
-    target_precision: float = 0.5
+    target_coverage: float = 0.8  # answer the 80% most certain held-out queries, reject the rest
     mc_samples: int = 16
 
 
@@ -80,37 +81,59 @@ def redis_answering(url: str | None) -> bool:
         client.close()
 
 
-def _load_state(paths: DemoPaths, plan: DemoPlan) -> dict[str, Any]:
-    """The stages already done for this plan (none when the plan changed)."""
+# Each stage depends on its own plan fields and on every stage before it.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("data", ("images", "seed")),
+    ("model", ("epochs", "embed_dim")),
+    ("indexes", ("metrics",)),
+    ("calibration", ("target_coverage", "mc_samples")),
+)
+
+
+def _stage_keys(plan: DemoPlan) -> dict[str, dict[str, Any]]:
+    """For each stage, the plan fields its output depends on (its own and earlier stages')."""
+    keys, fields = {}, {}
+    for name, own in STAGES:
+        fields.update({field: getattr(plan, field) for field in own})
+        keys[name] = json.loads(json.dumps(fields))
+    return keys
+
+
+def _done_stages(paths: DemoPaths, keys: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Results of the stages built for these keys, in order, up to the first stale one."""
     path = paths.root / STATE_FILE
-    if not path.is_file():
-        return {}
-    state = json.loads(path.read_text())
-    if state.get("plan") != json.loads(json.dumps(dataclasses.asdict(plan))):
-        log.info("the demo plan changed: rebuilding %s", paths.root)
-        return {}
-    return state.get("stages", {})
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    done: dict[str, Any] = {}
+    for name, key in keys.items():
+        entry = state.get(name)
+        if entry is None or entry.get("key") != key:
+            break
+        done[name] = entry["result"]
+    return done
 
 
-def _save_state(paths: DemoPaths, plan: DemoPlan, stages: dict[str, Any]) -> None:
-    path = paths.root / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"plan": dataclasses.asdict(plan), "stages": stages}, indent=2))
-    tmp.replace(path)
+def _save_state(paths: DemoPaths, keys: dict[str, Any], done: dict[str, Any]) -> None:
+    state = {name: {"key": keys[name], "result": result} for name, result in done.items()}
+    tmp = (paths.root / STATE_FILE).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(paths.root / STATE_FILE)
 
 
-def _build_data(paths: DemoPaths, plan: DemoPlan, say: Callable[[str], None]) -> None:
+def _build_data(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
     say(f"[1/4] generating {plan.images} shapes images into {paths.data}")
     generate_shapes(paths.data, plan.images, seed=plan.seed, overwrite=True)
+    return True
 
 
-def _build_model(paths: DemoPaths, plan: DemoPlan, say: Callable[[str], None]) -> None:
+def _build_model(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
     say(f"[2/4] training a gcie model for {plan.epochs} epochs into {paths.model}")
+    shutil.rmtree(paths.model, ignore_errors=True)  # a stale model of an older plan
     config = ModelConfig(model_type="gcie", embed_dim=plan.embed_dim)
     train(paths.data, paths.model, config, TrainConfig(epochs=plan.epochs, seed=plan.seed))
+    return True
 
 
-def _build_indexes(paths: DemoPaths, plan: DemoPlan, say: Callable[[str], None]) -> dict:
+def _build_indexes(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> dict:
     versions = {}
     for gallery in GALLERIES:
         say(f"[3/4] indexing the test-split {gallery} gallery into {paths.index_root}")
@@ -122,13 +145,13 @@ def _build_indexes(paths: DemoPaths, plan: DemoPlan, say: Callable[[str], None])
     return versions
 
 
-def _calibrate(paths: DemoPaths, plan: DemoPlan, versions: dict, say: Callable[[str], None]):
+def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
     registry = ActiveRegistry(paths.index_root, None)
-    for gallery, version in versions.items():
+    for gallery, version in done["indexes"].items():
         say(f"[4/4] calibrating T and tau of the {gallery} gallery on the val split")
         job = CalibrationJob(
             version_dir=registry.version_path(gallery, version), model_dir=paths.model,
-            data_dir=paths.data, target=Target(precision=plan.target_precision),
+            data_dir=paths.data, target=Target(coverage=plan.target_coverage),
             mc_samples=plan.mc_samples, seed=plan.seed,
         )  # fmt: skip
         for result in run_calibration(job):
@@ -137,48 +160,53 @@ def _calibrate(paths: DemoPaths, plan: DemoPlan, versions: dict, say: Callable[[
                 f"keeps {100 * result.kept_fraction:.0f}% of queries at R@1 precision "
                 f"{100 * result.kept_precision:.0f}% (all: {100 * result.accuracy:.0f}%)"
             )
+    return True
+
+
+BUILDERS = {
+    "data": _build_data,
+    "model": _build_model,
+    "indexes": _build_indexes,
+    "calibration": _calibrate,
+}
 
 
 def build_demo(
-    cache_dir: Path, plan: DemoPlan, redis_url: str | None, say: Callable[[str], None] = print
+    cache_dir: Path, plan: DemoPlan, redis_url: str | None, say: Say = print
 ) -> DemoPaths:
-    """Build what is missing under `cache_dir`, then activate the demo's index versions."""
+    """Build what is missing or stale under `cache_dir`, then activate the demo's versions."""
     paths = DemoPaths(cache_dir)
     paths.root.mkdir(parents=True, exist_ok=True)
-    stages = _load_state(paths, plan)
-    if "data" not in stages:
-        stages = {}
-        _build_data(paths, plan, say)
-        stages["data"] = True
-        _save_state(paths, plan, stages)
-    if "model" not in stages:
-        _build_model(paths, plan, say)
-        stages = {"data": True, "model": True}
-        _save_state(paths, plan, stages)
-    if "indexes" not in stages:
-        stages["indexes"] = _build_indexes(paths, plan, say)
-        _save_state(paths, plan, stages)
-    if "calibration" not in stages:
-        _calibrate(paths, plan, stages["indexes"], say)
-        stages["calibration"] = True
-        _save_state(paths, plan, stages)
+    keys = _stage_keys(plan)
+    done = _done_stages(paths, keys)
+    for name in keys:
+        if name not in done:
+            done[name] = BUILDERS[name](paths, plan, done, say)
+            _save_state(paths, keys, done)
     registry = ActiveRegistry(paths.index_root, redis_url)
-    for gallery, version in stages["indexes"].items():
+    for gallery, version in done["indexes"].items():
         registry.activate(gallery, version)
     where = f"Redis at {redis_url} and the ACTIVE files" if redis_url else "the ACTIVE files"
-    say(f"activated {stages['indexes']} in {where}")
+    say(f"activated {done['indexes']} in {where}")
     return paths
 
 
-VAGUE_QUERIES = ("something", "a shape", "some shapes", "an object", "things", "a colourful object")
+EXAMPLE_CANDIDATES = 40  # test captions / images tried to find an answered and a rejected one
 
 
-def _first_test_image(paths: DemoPaths) -> Path:
-    for line in (paths.data / "images.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["split"] == "test":
-            return paths.data / record["file"]
-    raise ValueError(f"{paths.data} has no test image")
+def _test_examples(paths: DemoPaths) -> tuple[list[str], list[Path]]:
+    """Captions and image files of the test split (the galleries hold the test split)."""
+    texts = [
+        json.loads(line)["text"]
+        for line in (paths.data / "captions.jsonl").read_text().splitlines()
+        if json.loads(line)["split"] == "test"
+    ]
+    images = [
+        paths.data / json.loads(line)["file"]
+        for line in (paths.data / "images.jsonl").read_text().splitlines()
+        if json.loads(line)["split"] == "test"
+    ]
+    return texts[:EXAMPLE_CANDIDATES], images[:EXAMPLE_CANDIDATES]
 
 
 def _describe(body: dict[str, Any]) -> str:
@@ -191,33 +219,52 @@ def _describe(body: dict[str, Any]) -> str:
     )
 
 
-def run_examples(http: Any, url: str, paths: DemoPaths, say: Callable[[str], None]) -> None:
-    """Send one text query, one image upload and a query the service rejects; print curls."""
-    text = {"text": "a red circle left of a blue square", "k": 3}
-    body = _checked(http.post(f"{url}/search/text", json=text))
-    say(f"\n# text -> images\ncurl -s {url}/search/text -H 'Content-Type: application/json' "
-        f"-d '{json.dumps(text)}'\n  {_describe(body)}")  # fmt: skip
-    image = _first_test_image(paths)
-    with image.open("rb") as handle:
-        files = {"image": (image.name, handle, "image/png")}
-        body = _checked(http.post(f"{url}/search/image", files=files, data={"k": "3"}))
+def run_examples(http: Any, url: str, paths: DemoPaths, say: Say) -> None:
+    """Send a text query and an image upload the service answers, and a text query it rejects
+    (by its calibrated threshold when one of the tried captions is rejected); print curls."""
+    texts, images = _test_examples(paths)
+    answered, rejected = _first_text_queries(http, url, texts)
+    say(f"\n# text -> images\n{_text_curl(url, answered[0])}\n  {_describe(answered[1])}")
+    image, body = _first_answered_image(http, url, images)
     say(f"\n# image -> captions (upload)\ncurl -s {url}/search/image -F image=@{image} -F k=3"
         f"\n  {_describe(body)}")  # fmt: skip
-    rejected = _find_rejected(http, url)
-    say(f"\n# a query the service rejects\ncurl -s {url}/search/text "
-        f"-H 'Content-Type: application/json' -d '{json.dumps(rejected[0])}'\n"
-        f"  {_describe(rejected[1])}")  # fmt: skip
+    rejected_curl = _text_curl(url, rejected[0])
+    say(f"\n# a query the service rejects\n{rejected_curl}\n  {_describe(rejected[1])}")
 
 
-def _find_rejected(http: Any, url: str) -> tuple[dict, dict]:
-    """A vague query that the calibrated threshold rejects; else one with threshold 0."""
-    for text in VAGUE_QUERIES:
+def _text_curl(url: str, request: dict) -> str:
+    return (
+        f"curl -s {url}/search/text -H 'Content-Type: application/json' -d '{json.dumps(request)}'"
+    )
+
+
+def _first_text_queries(http: Any, url: str, texts: list[str]) -> tuple[tuple, tuple]:
+    """(request, body) of the first answered and of the first rejected caption; a rejected
+    one is forced with reject_threshold 0 when the calibrated threshold rejects none."""
+    found: dict[bool, tuple[dict, dict]] = {}
+    for text in texts:
         request = {"text": text, "k": 3}
         body = _checked(http.post(f"{url}/search/text", json=request))
-        if body["query"]["rejected"]:
-            return request, body
-    request = {"text": VAGUE_QUERIES[0], "k": 3, "reject_threshold": 0.0}
-    return request, _checked(http.post(f"{url}/search/text", json=request))
+        found.setdefault(body["query"]["rejected"], (request, body))
+        if len(found) == 2:
+            break
+    if True not in found:
+        request = {"text": texts[0], "k": 3, "reject_threshold": 0.0}
+        found[True] = (request, _checked(http.post(f"{url}/search/text", json=request)))
+    return found.get(False, found[True]), found[True]
+
+
+def _first_answered_image(http: Any, url: str, images: list[Path]) -> tuple[Path, dict]:
+    """The first test image the service answers (else the first one) and its response."""
+    first = None
+    for image in images:
+        with image.open("rb") as handle:
+            files = {"image": (image.name, handle, "image/png")}
+            body = _checked(http.post(f"{url}/search/image", files=files, data={"k": "3"}))
+        if not body["query"]["rejected"]:
+            return image, body
+        first = first or (image, body)
+    return first
 
 
 def _checked(response: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """`probsearch demo --small`: build, serve, one query per endpoint, shut down; then reuse."""
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from service.demo import SMALL_PLAN, DemoPaths, _done_stages, _save_state, _stage_keys
 from tests.service.conftest import PROBSEARCH
 
 NO_REDIS = "redis://127.0.0.1:1/0"
@@ -42,8 +44,8 @@ def test_first_run_builds_every_stage_and_answers(first_run: tuple[Path, str]) -
 def test_first_run_activates_calibrated_versions(first_run: tuple[Path, str]) -> None:
     cache, _ = first_run
     state = json.loads((cache / "demo.json").read_text())
-    assert set(state["stages"]) == {"data", "model", "indexes", "calibration"}
-    for gallery, version in state["stages"]["indexes"].items():
+    assert list(state) == ["data", "model", "indexes", "calibration"]
+    for gallery, version in state["indexes"]["result"].items():
         assert (cache / "indexes" / gallery / "ACTIVE").read_text().strip() == version
         manifest = json.loads((cache / "indexes" / gallery / version / "manifest.json").read_text())
         assert manifest["calibration"]["w2"]["threshold"] is not None
@@ -59,5 +61,19 @@ def test_second_run_reuses_and_activates_in_redis(
     assert "# image -> captions (upload)" in out
     client = redis.Redis.from_url(redis_url)
     state = json.loads((cache / "demo.json").read_text())
-    for gallery, version in state["stages"]["indexes"].items():
+    for gallery, version in state["indexes"]["result"].items():
         assert client.get(f"probsearch:active:{gallery}").decode() == version
+
+
+def test_a_changed_plan_field_rebuilds_its_stage_and_the_later_ones(tmp_path: Path) -> None:
+    paths = DemoPaths(tmp_path)
+    keys = _stage_keys(SMALL_PLAN)
+    results = {"data": True, "model": True, "indexes": {"image": "v1"}, "calibration": True}
+    _save_state(paths, keys, results)
+    assert _done_stages(paths, keys) == results
+    new_metrics = _stage_keys(dataclasses.replace(SMALL_PLAN, metrics=("w2",)))
+    assert _done_stages(paths, new_metrics) == {"data": True, "model": True}
+    new_target = _stage_keys(dataclasses.replace(SMALL_PLAN, target_coverage=0.5))
+    assert list(_done_stages(paths, new_target)) == ["data", "model", "indexes"]
+    new_seed = _stage_keys(dataclasses.replace(SMALL_PLAN, seed=1))
+    assert _done_stages(paths, new_seed) == {}
