@@ -21,6 +21,20 @@ app.add_typer(indexer_app)
 app.add_typer(service_app)
 
 
+# faiss and onnxruntime come from the `cpu` or `gpu` extra, not from a plain install.
+BACKENDS = {"faiss": "FAISS", "onnxruntime": "ONNX Runtime"}
+
+
 def main() -> None:
     """Entry point of the `probsearch` console script."""
-    app()
+    try:
+        app()
+    except ModuleNotFoundError as error:
+        if error.name not in BACKENDS:
+            raise
+        typer.echo(
+            f"error: {BACKENDS[error.name]} is not installed; install exactly one of the extras: "
+            "pip install 'probsearch[cpu]' (CPU) or 'probsearch[gpu]' (NVIDIA GPU, CUDA 12)",
+            err=True,
+        )
+        raise SystemExit(2) from None
