@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from tqdm import tqdm
 
 from indexer.manifest import Calibration, read_manifest, sha256_file, write_manifest
@@ -32,6 +31,7 @@ from models.datasets.records import (
     load_dataset,
 )
 from models.encoder_runtime import Embeddings, OnnxEncoder
+from models.preprocess import load_image
 from models.rejection_metrics import precision_coverage
 from models.uncertainty import mutual_information
 from service.rerank import draw_distances, exact_rerank, rerank_device
@@ -115,10 +115,7 @@ def encode_queries(
     """Deterministic embeddings and `mc` MC-dropout draws of the held-out queries."""
     if encoder.modality == "text":
         return encoder.encode_texts([q.text for q in queries], mc, seed)
-    images = []
-    for query in tqdm(queries, desc="load query images", unit="image"):
-        with Image.open(query.path) as image:
-            images.append(image.convert("RGB"))
+    images = [load_image(q.path) for q in tqdm(queries, desc="load query images", unit="image")]
     return encoder.encode_images(images, mc, seed)
 
 
