@@ -32,8 +32,8 @@ from indexer.build import (
     build_family_index,
     default_memory_budget,
     plan_index,
-    tune_search_params,
 )
+from indexer.tuning import tune_search_params
 from models.gaussian import elementwise_distance, pairwise_distance
 
 K = 10

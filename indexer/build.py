@@ -15,7 +15,6 @@ from typing import Any
 
 import faiss
 import numpy as np
-from faiss.contrib.exhaustive_search import knn_ground_truth
 
 from models.augmented import (
     augmented_dim,
@@ -29,10 +28,7 @@ INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
 FLAT_MAX_ITEMS = 50_000  # below this, exact search is fast enough (< ~10 ms per query on CPU)
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
-TARGET_RECALL = 0.98  # recall@10 that tuning aims for on sampled queries
-TUNING_QUERIES = 200
 ADD_BATCH_ROWS = 65_536
-PQ_SHORTLIST = 100  # IVF-PQ is tuned for the exact top-10 inside its top-100
 PQ_GPU_SUBQUANTIZERS = (1, 2, 3, 4, 8, 12, 16, 20, 24, 28, 32, 48, 56, 64, 96)
 
 
@@ -135,12 +131,12 @@ def _new_index(index_type: str, dim: int, params: dict[str, Any], metric: int) -
     return faiss.IndexPreTransform(faiss.RemapDimensionsTransform(dim, pad_dim, True), pq)
 
 
-def _row_batches(count: int, batch_rows: int = ADD_BATCH_ROWS) -> Iterator[slice]:
+def row_batches(count: int, batch_rows: int = ADD_BATCH_ROWS) -> Iterator[slice]:
     for start in range(0, count, batch_rows):
         yield slice(start, min(start + batch_rows, count))
 
 
-def _family_vectors(family: str, mu: np.ndarray, logvar: np.ndarray, rows) -> np.ndarray:
+def family_vectors(family: str, mu: np.ndarray, logvar: np.ndarray, rows) -> np.ndarray:
     """Augmented gallery vectors (n, D') of some rows of (possibly float16, mmapped) arrays."""
     return gallery_vectors(family, np.asarray(mu[rows], np.float32), np.asarray(logvar[rows]))
 
@@ -148,8 +144,8 @@ def _family_vectors(family: str, mu: np.ndarray, logvar: np.ndarray, rows) -> np
 def _mips_radius2(family: str, mu: np.ndarray, logvar: np.ndarray, rows: np.ndarray) -> float:
     """Largest squared norm of the family's gallery vectors (for the MIPS->L2 map)."""
     radius2 = 0.0
-    for batch in _row_batches(len(rows)):
-        vectors = _family_vectors(family, mu, logvar, rows[batch]).astype(np.float64)
+    for batch in row_batches(len(rows)):
+        vectors = family_vectors(family, mu, logvar, rows[batch]).astype(np.float64)
         radius2 = max(radius2, float((vectors**2).sum(axis=1).max()))
     return radius2 * (1 + 1e-6)
 
@@ -172,7 +168,7 @@ def duplicate_representatives(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray 
     count = len(mu)
     multipliers = np.random.default_rng(0).integers(1, 2**63, 4 * mu.shape[1], dtype=np.uint64)
     hashes = np.empty(count, np.uint64)
-    for rows in _row_batches(count):
+    for rows in row_batches(count):
         words = _row_bytes(mu, logvar, rows).view(np.uint32).astype(np.uint64)  # (b, W)
         hashes[rows] = (words * multipliers[: words.shape[1]]).sum(axis=1)  # wraps mod 2^64
     order = np.argsort(hashes, kind="stable")  # (N,) equal hashes adjacent, rows ascending
@@ -259,8 +255,8 @@ def build_family_index(
         index.train(_training_sample(family, mu, logvar, rows, params, seed))
     if duplicates is not None and plan.index_type in ("flat", "hnsw"):
         index = faiss.IndexIDMap(index)  # IVF indexes store ids natively
-    for batch in _row_batches(len(rows)):
-        vectors = _family_vectors(family, mu, logvar, rows[batch])
+    for batch in row_batches(len(rows)):
+        vectors = family_vectors(family, mu, logvar, rows[batch])
         vectors = to_mips_l2(vectors, mips) if mips is not None else vectors
         if duplicates is None:
             index.add(vectors)  # ids = insertion order = rows
@@ -284,7 +280,7 @@ def _training_sample(
         wanted = max(wanted, 256 * 40)
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(rows, size=min(wanted, len(rows)), replace=False))
-    return _family_vectors(family, mu, logvar, sample)
+    return family_vectors(family, mu, logvar, sample)
 
 
 class FamilyIndex:
@@ -358,87 +354,3 @@ def make_search_parameters(
         wrapper.referenced_objects = [params]  # keep the inner object alive with the wrapper
         params = wrapper
     return params
-
-
-def tuning_queries(
-    mu: np.ndarray, logvar: np.ndarray, num: int = TUNING_QUERIES, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Queries (Q, D) each: half are sampled gallery items themselves (what the publish check
-    searches), half are items with mu moved by half a sigma and another item's variances
-    (queries come from the other modality, so their variances do not match their neighbours')."""
-    rng = np.random.default_rng(seed + 1)
-    rows = np.sort(rng.choice(len(mu), size=min(num, len(mu)), replace=False))
-    mu_q = np.asarray(mu[rows], np.float32)
-    logvar_q = np.asarray(logvar[rows], np.float32)
-    moved = np.arange(len(rows)) % 2 == 1
-    sigma = np.exp(0.5 * logvar_q[moved])
-    mu_q[moved] += 0.5 * sigma * rng.standard_normal(sigma.shape).astype(np.float32)
-    logvar_q[moved] = logvar_q[moved][rng.permutation(int(moved.sum()))]
-    return mu_q, logvar_q
-
-
-def exact_rows(
-    family: str,
-    mu: np.ndarray,
-    logvar: np.ndarray,
-    mu_q: np.ndarray,
-    logvar_q: np.ndarray,
-    k: int,
-    rows: np.ndarray,
-) -> np.ndarray:
-    """Exhaustive top-k (Q, k) among `rows` of a family's augmented vectors (tuning truth)."""
-    queries, _ = query_vectors(family, mu_q, logvar_q)
-    is_ip = index_form(family).faiss_metric == "ip"
-    metric = faiss.METRIC_INNER_PRODUCT if is_ip else faiss.METRIC_L2
-    batches = (_family_vectors(family, mu, logvar, rows[b]) for b in _row_batches(len(rows)))
-    _, positions = knn_ground_truth(queries, batches, k, metric_type=metric)
-    return rows[positions]
-
-
-def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
-    """Mean fraction of each query's true top-k found in its returned top-k."""
-    hits = [len(set(f[f >= 0]) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)]
-    return float(np.mean(hits))
-
-
-def tune_search_params(
-    family_index: FamilyIndex,
-    mu: np.ndarray,
-    logvar: np.ndarray,
-    plan: IndexPlan,
-    *,
-    k: int = 10,
-    target: float = TARGET_RECALL,
-    seed: int = 0,
-) -> tuple[dict[str, Any], float]:
-    """The cheapest nprobe / efSearch reaching `target` recall@k on sampled queries.
-
-    For IVF-PQ, whose codes reorder close neighbours, recall counts the exact top-k found in
-    the index's top PQ_SHORTLIST (the service re-ranks a shortlist exactly), and tuning stops
-    when recall no longer improves. Returns the parameters and the recall they reached.
-    """
-    if plan.index_type == "flat":
-        return {}, 1.0
-    mu_q, logvar_q = tuning_queries(mu, logvar, seed=seed)
-    duplicates = family_index.duplicates
-    rows = duplicates.unique_rows if duplicates is not None else np.arange(len(mu))
-    truth = exact_rows(family_index.family, mu, logvar, mu_q, logvar_q, k, rows)
-    if plan.index_type == "hnsw":
-        key, candidates = "efSearch", [16, 32, 64, 128, 256, 512, 1024, 2048]
-    else:
-        key = "nprobe"
-        nlist = family_index.params["nlist"]
-        candidates = [2**i for i in range(int(math.log2(nlist)) + 1)] + [nlist]
-    is_pq = "pq_m" in family_index.params
-    found_k = PQ_SHORTLIST if is_pq else k
-    best_value, best_recall = candidates[0], -1.0
-    for value in candidates:
-        _, found = family_index.search_index(mu_q, logvar_q, found_k, {key: value})
-        recall = recall_at_k(found, truth)
-        if recall < best_recall + 0.002 and best_recall >= 0.5 and is_pq:
-            break  # plateau: more probes buy nothing against the PQ error
-        if recall > best_recall:
-            best_value, best_recall = value, recall
-        if recall >= target:
-            break
-    return {key: int(best_value)}, best_recall

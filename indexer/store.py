@@ -21,7 +21,6 @@ from indexer.build import (
     IndexPlan,
     build_family_index,
     duplicate_representatives,
-    tune_search_params,
 )
 from indexer.manifest import (
     Calibration,
@@ -31,6 +30,7 @@ from indexer.manifest import (
     verify_checksums,
     write_manifest,
 )
+from indexer.tuning import tune_search_params
 from models.augmented import INDEX_FAMILIES, candidate_families
 from models.gaussian import METRICS, elementwise_distance
 
