@@ -212,3 +212,27 @@ def test_timings_cover_every_stage(client: httpx.Client) -> None:
     assert all(value >= 0 for value in timings.values())
     stages = timings["encode"] + timings["shortlist"] + timings["rerank"] + timings["uncertainty"]
     assert timings["total"] >= stages * 0.99
+
+
+def test_mc_draws_do_not_depend_on_the_micro_batch(artifacts: Artifacts) -> None:
+    """A request's MI is the same alone and encoded in one batch with other requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.service.conftest import make_settings
+
+    settings = make_settings(artifacts, cache_ttl_s=0, batch_max_wait_ms=200.0)
+    texts = ["two yellow stars", "a red circle", "a blue box above a green ball", "shapes"]
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+
+        def mi(text: str) -> float:
+            body = http.post("/search/text", json={"text": text, "k": 3, "mc_samples": 8}).json()
+            return body["query"]["mutual_information"]
+
+        alone = [mi(text) for text in texts]
+        with ThreadPoolExecutor(len(texts)) as pool:
+            together = list(pool.map(mi, texts))
+        registry = server.app.state.metrics.registry
+        batches = registry.get_sample_value("probsearch_batch_size_count")
+        queries = registry.get_sample_value("probsearch_batch_size_sum")
+    assert together == alone
+    assert queries == 2 * len(texts) and batches < queries  # some requests shared a batch
