@@ -137,7 +137,9 @@ class ActiveRegistry:
     def rollback(self, modality: str) -> str:
         """Activate the newest version older than the active one; returns it."""
         active = self.active_version(modality)
-        older = [v for v in self.versions(modality) if active is None or v < active]
+        if active is None:
+            raise RegistryError(f"no {modality} version is active under {self.index_root}")
+        older = [v for v in self.versions(modality) if v < active]
         if not older:
             raise VersionNotFoundError(
                 f"no {modality} version older than {active!r} to roll back to"

@@ -59,7 +59,7 @@ def serve(
     try:
         settings = _settings_with(overrides)
         _check_paths(settings)
-    except (ValidationError, ValueError) as error:
+    except (ValidationError, ValueError, OSError) as error:
         typer.echo(f"error: {_one_line(error)}", err=True)
         raise typer.Exit(2) from None
     if settings.workers == 1:
@@ -137,7 +137,7 @@ def calibrate(
             )
             for result in run_calibration(job):
                 typer.echo(_calibration_line(modality, version, result))
-    except (ValidationError, ValueError) as error:
+    except (ValidationError, ValueError, OSError) as error:
         typer.echo(f"error: {_one_line(error)}", err=True)
         raise typer.Exit(2) from None
 
@@ -195,7 +195,7 @@ def demo(
                 return
             typer.echo(f"\nserving on {server.url} (OpenAPI at {server.url}/docs); Ctrl-C stops")
             server.wait()
-    except (ValidationError, ValueError) as error:
+    except (ValidationError, ValueError, OSError) as error:
         typer.echo(f"error: {_one_line(error)}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
