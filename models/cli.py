@@ -56,14 +56,39 @@ def train(
     covariance: Annotated[
         str, typer.Option(help="ellipsoidal | spherical-avgpool | spherical-one-value")
     ] = "ellipsoidal",
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="hinge (triplet on -distance) | pcme (sampled match probability) | pcmepp "
+            "(closed-form sampled distance, pseudo-positives)"
+        ),
+    ] = DEFAULT_TRAINING.objective,
+    vib_beta: Annotated[
+        float, typer.Option(help="weight of KL(N(mu, sigma^2) || N(0, I)) per Gaussian modality")
+    ] = DEFAULT_TRAINING.vib_beta,
+    uniformity_weight: Annotated[
+        float, typer.Option(help="weight of the uniformity loss on the means")
+    ] = DEFAULT_TRAINING.uniformity_weight,
+    match_samples: Annotated[
+        int, typer.Option(help="J of PCME's J x J sampled match probability")
+    ] = DEFAULT_TRAINING.match_samples,
+    pseudo_positive_weight: Annotated[
+        float, typer.Option(help="PCME++ weight of the pseudo-positive loss")
+    ] = DEFAULT_TRAINING.pseudo_positive_weight,
     epochs: Annotated[
-        int, typer.Option(help="total epochs (with --resume: up to this)")
+        int, typer.Option(help="at most this many epochs (with --resume: up to this)")
     ] = DEFAULT_TRAINING.epochs,
+    patience: Annotated[
+        int,
+        typer.Option(
+            help="stop after this many epochs without a better validation score (0: never)"
+        ),
+    ] = DEFAULT_TRAINING.patience,
     batch_size: Annotated[
         int, typer.Option(help="images per batch, each with its captions")
     ] = DEFAULT_TRAINING.batch_size,
     lr: Annotated[
-        float, typer.Option(help="Adam learning rate (x0.1 after 2/3 of the epochs)")
+        float, typer.Option(help="Adam learning rate (x0.1 when validation stops improving)")
     ] = DEFAULT_TRAINING.lr,
     embed_dim: Annotated[int, typer.Option(help="embedding dimension D")] = DEFAULT_MODEL.embed_dim,
     margin: Annotated[float, typer.Option(help="hinge margin")] = DEFAULT_TRAINING.margin,
@@ -78,10 +103,10 @@ def train(
         float, typer.Option(help="MC-dropout probability p")
     ] = DEFAULT_MODEL.dropout,
     var_min: Annotated[
-        float, typer.Option(help="lower bound of the variance")
+        float, typer.Option(help="lower safety bound of the variance")
     ] = DEFAULT_MODEL.var_min,
     var_max: Annotated[
-        float, typer.Option(help="upper bound of the variance")
+        float, typer.Option(help="upper safety bound of the variance")
     ] = DEFAULT_MODEL.var_max,
     seed: Annotated[int, typer.Option()] = DEFAULT_TRAINING.seed,
     resume: Annotated[bool, typer.Option(help="continue the run saved in --out")] = False,
@@ -108,10 +133,16 @@ def train(
         )
         train_config = TrainConfig(
             epochs=epochs,
+            patience=patience,
             batch_size=batch_size,
             lr=lr,
+            objective=objective,
             margin=margin,
             negatives=negatives,
+            vib_beta=vib_beta,
+            uniformity_weight=uniformity_weight,
+            match_samples=match_samples,
+            pseudo_positive_weight=pseudo_positive_weight,
             seed=seed,
         )
         result = run_training(

@@ -126,8 +126,8 @@ class OnnxEncoder:
         if self.modality != "image":
             raise EncoderRuntimeError("this is a text encoder; load one with modality='image'")
         pixels = images_to_array(images, self.config)  # (N, 3, H, W)
-        head_masks = self._masks(item_generators(seed, len(images)), "head_masks", mc_samples)
-        return self._run({"images": pixels, "head_masks": head_masks}, len(images), mc_samples)
+        masks = self._masks(item_generators(seed, len(images)), "dropout_masks", mc_samples)
+        return self._run({"images": pixels, "dropout_masks": masks}, len(images), mc_samples)
 
     def _masks(
         self, rngs: Sequence[np.random.Generator], name: str, mc_samples: int, *middle: int

@@ -4,7 +4,9 @@ Graph inputs and outputs (every size but D, F, E, H and the image size is dynami
 
 image_encoder.onnx
   images      float32 (N, 3, image_size, image_size)  normalised pixels (models.preprocess)
-  head_masks  float32 (S, N, image_features)            dropout multipliers before the heads
+  dropout_masks float32 (S, N, sum(cnn_channels) + image_features)
+                                                         channel multipliers of each conv
+                                                         block, then feature multipliers
   -> mu, logvar float32 (S * N, D)
 
 text_encoder.onnx
@@ -60,7 +62,7 @@ def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
         IMAGE_ONNX_FILE: {
             "inputs": {
                 "images": ["float32", ["N", 3, size, size]],
-                "head_masks": ["float32", ["S", "N", config.image_features]],
+                "dropout_masks": ["float32", ["S", "N", config.image_mask_width]],
             },
             "outputs": outputs,
         },
@@ -87,7 +89,7 @@ def _example_inputs(
         size = model.config.image_size
         images = torch.randn((batch, 3, size, size), generator=generator)
         masks = dropout_masks(model.image_mask_shape(num_draws, batch), p, generator)
-        return {"images": images, "head_masks": masks}
+        return {"images": images, "dropout_masks": masks}
     ids = torch.randint(0, model.config.vocab_size, (batch, steps), generator=generator)
     lengths = torch.randint(1, steps + 1, (batch,), generator=generator)
     lengths[0] = steps  # at least one caption fills the width
@@ -103,7 +105,7 @@ def _example_inputs(
 def _dynamic_axes(modality: str) -> dict[str, dict[int, str]]:
     outputs = {"mu": {0: "rows"}, "logvar": {0: "rows"}}
     if modality == "image":
-        return {"images": {0: "N"}, "head_masks": {0: "S", 1: "N"}, **outputs}
+        return {"images": {0: "N"}, "dropout_masks": {0: "S", 1: "N"}, **outputs}
     return {
         "token_ids": {0: "N", 1: "T"},
         "lengths": {0: "N"},

@@ -31,8 +31,12 @@ class GaussianHeads(nn.Module):
     """Maps features (M, F) to (mu, logvar), each (M, D).
 
     The mean head and the log-variance head have the same architecture and separate
-    parameters (Pishdad et al.). The variance is bounded to [var_min, var_max]:
-    logvar = ln var_min + (ln var_max - ln var_min) * sigmoid(raw). Covariance shapes:
+    parameters (Pishdad et al.). The log-variance is the head's output, offset so that a new
+    model starts at `logvar_init`, passed through soft_clamp: the identity inside
+    [ln var_min, ln var_max] with a gradient that fades only at those safety bounds. (A
+    sigmoid spanning a narrow [0.1, 10] froze at its lower bound in the first epoch: the
+    objective, e.g. a VIB term, must set the variance, not the parameterisation.) Covariance
+    shapes:
     "ellipsoidal" (D values), "spherical-avgpool" (mean of D raw outputs, broadcast) and
     "spherical-one-value" (one raw output, broadcast). A point head (gaussian=False) has no
     variance head and returns the constant `point_logvar`.
@@ -46,6 +50,7 @@ class GaussianHeads(nn.Module):
         self.gaussian = gaussian
         self.covariance = config.covariance
         self.logvar_min, self.logvar_max = config.logvar_bounds
+        self.logvar_init = config.logvar_init
         self.point_logvar = config.point_logvar
         self.mu_head = nn.Linear(in_features, dim)
         if gaussian:
@@ -63,15 +68,24 @@ class GaussianHeads(nn.Module):
         raw = self.logvar_head(features)  # (M, D) or (M, 1)
         if self.covariance == "spherical-avgpool":
             raw = raw.mean(dim=-1, keepdim=True)  # (M, 1)
-        span = self.logvar_max - self.logvar_min
-        logvar = self.logvar_min + span * torch.sigmoid(raw)  # (M, D) or (M, 1)
+        logvar = soft_clamp(raw + self.logvar_init, self.logvar_min, self.logvar_max)
         return mu, logvar.expand_as(mu)
 
 
-def apply_head_masks(features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """Features (N, F) times masks (S, N, F) -> (S * N, F), draw-major (row s * N + n)."""
-    num_draws, batch, width = masks.shape
-    return (features.unsqueeze(0) * masks).reshape(num_draws * batch, width)
+def soft_clamp(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """low + softplus(x - low) - softplus(x - high): about x well inside (low, high), never
+    outside it, with gradient sigmoid(x - low) - sigmoid(x - high). (The final clamp only
+    removes float round-off for huge |x|.)"""
+    soft = low + nn.functional.softplus(x - low) - nn.functional.softplus(x - high)
+    return soft.clamp(low, high)
+
+
+def fraction_at_bound(
+    logvar: torch.Tensor, low: float, high: float, tolerance: float = 0.05
+) -> float:
+    """Fraction of items (rows of (N, D)) with a log-variance within `tolerance` of a bound."""
+    near = (logvar <= low + tolerance) | (logvar >= high - tolerance)  # (N, D)
+    return float(near.any(dim=-1).float().mean()) if logvar.numel() else 0.0
 
 
 def init_linear(module: nn.Module) -> None:

@@ -1,4 +1,4 @@
-"""Small CNN image encoder (64x64 input) with MC-dropout masks before the Gaussian heads."""
+"""Small CNN image encoder (64x64 input) with MC-dropout masks in the trunk and before the heads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import torch
 from torch import nn
 
-from models.heads import GaussianHeads, apply_head_masks, init_linear
+from models.heads import GaussianHeads, init_linear
 from models.model_config import ModelConfig
 
 POOLED_GRID = 4  # the last feature map is average-pooled to 4x4 (keeps coarse layout)
@@ -22,33 +22,54 @@ def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
     )
 
 
-class ImageEncoder(nn.Module):
-    """images (N, 3, H, W) + head masks (S, N, F) -> mu, logvar (S * N, D), draw-major.
+def _pool_to_grid(image_size: int, num_blocks: int) -> nn.Module:
+    """Average pooling of the last feature map down to POOLED_GRID x POOLED_GRID.
 
-    The CNN trunk runs once per image; only the masked features and the heads run S times,
-    so L Monte-Carlo draws cost little more than the deterministic pass.
+    A fixed kernel rather than adaptive pooling: the exported graph sees dynamic spatial
+    sizes (the draws are stacked into the batch), which adaptive pooling cannot export with.
+    """
+    side = image_size // 2**num_blocks
+    if side < POOLED_GRID or side % POOLED_GRID:
+        raise ValueError(
+            f"image size {image_size} with {num_blocks} conv blocks leaves a {side}x{side} map, "
+            f"which does not pool evenly to {POOLED_GRID}x{POOLED_GRID}"
+        )
+    return nn.Identity() if side == POOLED_GRID else nn.AvgPool2d(side // POOLED_GRID)
+
+
+class ImageEncoder(nn.Module):
+    """images (N, 3, H, W) + dropout masks (S, N, W) -> mu, logvar (S * N, D), draw-major.
+
+    A mask row holds one multiplier per channel of each conv block (channel dropout, the
+    same for every pixel) and one per trunk feature, in that order (W =
+    config.image_mask_width). Dropout in the trunk, not only before the heads, is what lets
+    the MC draws disagree on inputs unlike the training images; the price is that the trunk
+    runs once per draw.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         channels = (3, *config.cnn_channels)
-        self.trunk = nn.Sequential(
-            *(conv_block(c_in, c_out) for c_in, c_out in itertools.pairwise(channels)),
-            nn.AdaptiveAvgPool2d(POOLED_GRID),
+        self.blocks = nn.ModuleList(
+            conv_block(c_in, c_out) for c_in, c_out in itertools.pairwise(channels)
+        )
+        self.project = nn.Sequential(
+            _pool_to_grid(config.image_size, len(config.cnn_channels)),
             nn.Flatten(),
             nn.Linear(channels[-1] * POOLED_GRID * POOLED_GRID, config.image_features),
             nn.ReLU(inplace=True),
         )
         self.heads = GaussianHeads(config.image_features, config, gaussian=config.gaussian_images)
-        self.feature_dim = config.image_features
+        self.mask_widths = (*config.cnn_channels, config.image_features)
         init_linear(self)
 
-    def features(self, images: torch.Tensor) -> torch.Tensor:
-        """images (N, 3, H, W) -> trunk features (N, F)."""
-        return self.trunk(images)
-
     def forward(
-        self, images: torch.Tensor, head_masks: torch.Tensor
+        self, images: torch.Tensor, masks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.features(images)  # (N, F)
-        return self.heads(apply_head_masks(features, head_masks))  # (S * N, D) each
+        num_draws = masks.shape[0]
+        x = images.unsqueeze(0).expand(num_draws, *images.shape).flatten(0, 1)  # (S*N, 3, H, W)
+        parts = masks.flatten(0, 1).split(self.mask_widths, dim=1)  # each (S*N, C_k)
+        for block, mask in zip(self.blocks, parts[:-1], strict=True):
+            x = block(x) * mask[:, :, None, None]
+        features = self.project(x) * parts[-1]  # (S*N, F)
+        return self.heads(features)  # (S * N, D) each

@@ -19,9 +19,9 @@ COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-o
 # Similarities the training loss supports per model type (the loss uses -distance for the
 # Gaussian metrics of models.gaussian and the dot product of unit means for "cosine").
 TRAIN_METRICS: dict[str, tuple[str, ...]] = {
-    "gcie": ("w2", "kl", "min_kl", "kl_reverse", "js", "csd", "bhattacharyya"),
-    "gce": ("mahalanobis", "w2", "kl", "min_kl"),
-    "gie": ("mahalanobis", "w2", "kl", "min_kl"),
+    "gcie": ("w2", "kl", "min_kl", "kl_reverse", "js", "csd", "bhattacharyya", "match_prob"),
+    "gce": ("mahalanobis", "w2", "kl", "min_kl", "csd", "match_prob"),
+    "gie": ("mahalanobis", "w2", "kl", "min_kl", "csd", "match_prob"),
     "vse": ("cosine",),
 }
 DEFAULT_METRIC: dict[str, str] = {
@@ -60,8 +60,9 @@ class ModelConfig:
     metric: str = ""  # "" = the model type's default (DEFAULT_METRIC)
     name: str = "probsearch-shapes"
     version: int = FORMAT_VERSION
-    var_min: float = 0.1
-    var_max: float = 10.0
+    var_min: float = 1e-6  # safety bounds of the variance, far outside its working range
+    var_max: float = 1e3
+    logvar_init: float = -4.0  # log-variance of a new model (sigma about 0.14 per dim)
     point_logvar: float = 0.0
     normalize_mu: bool = True
     dropout: float = 0.1
@@ -128,6 +129,12 @@ class ModelConfig:
     def logvar_bounds(self) -> tuple[float, float]:
         """(min, max) of the predicted log-variance."""
         return math.log(self.var_min), math.log(self.var_max)
+
+    @property
+    def image_mask_width(self) -> int:
+        """Width of an image dropout mask: one entry per channel of every conv block (trunk)
+        and one per feature before the heads."""
+        return sum(self.cnn_channels) + self.image_features
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -202,14 +209,21 @@ class TrainConfig:
     `warmup_epochs` epochs of the sum.
     """
 
-    epochs: int = 20
+    epochs: int = 60  # at most; training stops earlier when validation stops improving
+    patience: int = 8  # epochs without a better validation score before stopping (0 = never)
     batch_size: int = 32  # images per batch (each with its captions)
     lr: float = 2e-3
-    lr_decay_epoch: int = 0  # lr *= lr_decay after this many epochs; 0 = 2/3 of the epochs
+    lr_patience: int = 3  # epochs without improvement before lr *= lr_decay
     lr_decay: float = 0.1
+    objective: str = "hinge"  # hinge | pcme | pcmepp (models.objectives)
     margin: float = 0.2
     negatives: str = "sum"
     warmup_epochs: int = 1  # epochs with the sum-over-negatives loss before `negatives`
+    vib_beta: float = 0.0  # weight of KL(N(mu, sigma^2) || N(0, I)) per Gaussian modality
+    uniformity_weight: float = 0.0
+    match_samples: int = 7  # J of PCME's J x J sampled match probability
+    match_lr: float = 0.05  # Adam lr of the match probability's a and b (pcme, pcmepp)
+    pseudo_positive_weight: float = 0.1  # PCME++
     grad_clip: float = 2.0
     captions_per_image: int = 0  # captions of each image per batch (0 = all of them)
     seed: int = 0
@@ -219,9 +233,15 @@ class TrainConfig:
             raise ConfigError("need epochs >= 1 and batch size >= 2")
         if self.lr <= 0 or self.margin < 0:
             raise ConfigError("need lr > 0 and margin >= 0")
+        if self.patience < 0 or self.lr_patience < 0:
+            raise ConfigError("need patience >= 0 and lr patience >= 0")
         if self.negatives not in ("hardest", "sum"):
             raise ConfigError(f"unknown negatives {self.negatives!r}; choose hardest or sum")
-
-    @property
-    def decay_epoch(self) -> int:
-        return self.lr_decay_epoch or max(1, 2 * self.epochs // 3)
+        if self.objective not in ("hinge", "pcme", "pcmepp"):
+            raise ConfigError(
+                f"unknown objective {self.objective!r}; choose hinge, pcme or pcmepp"
+            )
+        if self.vib_beta < 0 or self.uniformity_weight < 0 or self.pseudo_positive_weight < 0:
+            raise ConfigError("regulariser weights must be >= 0")
+        if self.match_samples < 1:
+            raise ConfigError("match samples J must be >= 1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -13,6 +14,8 @@ from models.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
 from models.text_encoder import TextEncoder
 
 Embedding = tuple[torch.Tensor, torch.Tensor]  # (mu, logvar), each (S * N, D)
+INITIAL_MATCH_SCALE = 5.0  # PCME's initial a and b on CUB; learned from there
+INITIAL_MATCH_SHIFT = 5.0
 
 
 class ProbabilisticModel(nn.Module):
@@ -28,10 +31,17 @@ class ProbabilisticModel(nn.Module):
         self.config = config
         self.image_encoder = ImageEncoder(config)
         self.text_encoder = TextEncoder(config)
+        # a > 0 and b of the match probability sigmoid(-a * d + b) (PCME and PCME++ objectives)
+        self.match_log_scale = nn.Parameter(torch.tensor(math.log(INITIAL_MATCH_SCALE)))
+        self.match_shift = nn.Parameter(torch.tensor(INITIAL_MATCH_SHIFT))
+
+    @property
+    def match_scale(self) -> torch.Tensor:
+        return self.match_log_scale.exp()
 
     def image_mask_shape(self, num_draws: int, batch: int) -> tuple[int, int, int]:
-        """Shape (S, N, F) of the image head masks."""
-        return num_draws, batch, self.image_encoder.feature_dim
+        """Shape (S, N, W) of the image dropout masks (trunk channels and features)."""
+        return num_draws, batch, self.config.image_mask_width
 
     def text_mask_shapes(
         self, num_draws: int, batch: int, steps: int

@@ -1,5 +1,6 @@
-"""Training loop: Adam with step decay, hinge triplet loss, validation recall with the model's
-metric, best-rsum checkpoint, resumable epochs, ONNX export at the end."""
+"""Training loop: Adam, the objective of models.objectives, validation with the model's metric
+judged by plausible matches, lr decay on plateau, early stopping with the best-on-validation
+checkpoint, resumable epochs, ONNX export at the end."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ import torch
 from tqdm import tqdm
 
 from models.export import export_encoders
-from models.losses import hinge_triplet_loss, similarity_matrix
+from models.heads import fraction_at_bound
 from models.model_config import CHECKPOINT_FILE, VOCAB_FILE, ConfigError, ModelConfig, TrainConfig
+from models.objectives import BatchEmbeddings, batch_loss
+from models.objectives.hinge import similarity_matrix
 from models.probabilistic_model import ProbabilisticModel, load_model, save_checkpoint
-from models.retrieval_metrics import first_positive_rank, recall_at_k
+from models.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
 from models.tokenizer import Tokenizer
 from models.training_data import (
     SplitTensors,
@@ -33,31 +36,43 @@ from models.uncertainty import log_det
 LAST_STATE_FILE = "last.pt"  # optimizer + model state after the latest epoch (for --resume)
 HISTORY_FILE = "history.json"  # one report per epoch
 RECALL_KS = (1, 5, 10)
+VALIDATION_SCORE = ("i2t_P@1", "t2i_P@1", "i2t_R-P", "t2i_R-P")  # plausible-match figures
 
 
 @dataclass
 class EpochReport:
-    """One line of the training log."""
+    """One line of the training log.
+
+    `recalls` holds exact-pair R@K and the plausible-match P@1 and R-Precision per direction
+    (%); `score`, their plausible mean, picks the checkpoint and decides when to stop.
+    `at_bound` is the fraction of validation items with a variance dimension at a bound.
+    """
 
     epoch: int
     loss: float
     recalls: dict[str, float]
     log_det_image: float
     log_det_caption: float
+    at_bound: float
+    lr: float
     seconds: float
 
     @property
     def rsum(self) -> float:
-        return sum(v for k, v in self.recalls.items() if k.startswith(("i2t", "t2i")))
+        return sum(v for k, v in self.recalls.items() if "_R@" in k)
+
+    @property
+    def score(self) -> float:
+        return sum(self.recalls[k] for k in VALIDATION_SCORE) / len(VALIDATION_SCORE)
 
     def line(self) -> str:
         r = self.recalls
         return (
             f"epoch {self.epoch:3d}  loss {self.loss:.4f}  "
-            f"i2t R@1/5/10 {r['i2t_R@1']:.1f}/{r['i2t_R@5']:.1f}/{r['i2t_R@10']:.1f}  "
-            f"t2i R@1/5/10 {r['t2i_R@1']:.1f}/{r['t2i_R@5']:.1f}/{r['t2i_R@10']:.1f}  "
-            f"rsum {self.rsum:.1f}  logdet img {self.log_det_image:.2f} "
-            f"cap {self.log_det_caption:.2f}  ({self.seconds:.1f}s)"
+            f"P@1 i2t/t2i {r['i2t_P@1']:.1f}/{r['t2i_P@1']:.1f}  "
+            f"R-P {r['i2t_R-P']:.1f}/{r['t2i_R-P']:.1f}  rsum {self.rsum:.1f}  "
+            f"logdet img {self.log_det_image:.2f} cap {self.log_det_caption:.2f}  "
+            f"at bound {100 * self.at_bound:.1f}%  lr {self.lr:.0e}  ({self.seconds:.1f}s)"
         )
 
 
@@ -99,16 +114,29 @@ def encode_split(
     return tuple(torch.cat(p) for p in parts)
 
 
+def _plausible_precisions(distances: torch.Tensor, plausible: torch.Tensor) -> tuple[float, float]:
+    """P@1 and R-Precision (%) of queries (rows) ranking a gallery (columns) by distance, with
+    ties broken against the model; queries with no plausible match are left out."""
+    counts = plausible.sum(dim=1)  # (Q,)
+    keep = counts > 0
+    distances, plausible, counts = distances[keep], plausible[keep], counts[keep]
+    top1 = count_top_hits(distances, plausible, torch.ones_like(counts)).double()
+    r_hits = count_top_hits(distances, plausible, counts).double() / counts.double()
+    return 100.0 * float(top1.mean()), 100.0 * float(r_hits.mean())
+
+
 def validate(
     model: ProbabilisticModel, split: SplitTensors, device: torch.device
-) -> tuple[dict[str, float], float, float]:
-    """Recall@1/5/10 in both directions (a caption matches only its own image) and the mean
-    log-det of each modality."""
+) -> tuple[dict[str, float], float, float, float]:
+    """Exact-pair R@1/5/10 and plausible-match P@1 and R-Precision in both directions, the
+    mean log-det of each modality and the fraction of items with a variance at a bound."""
     image_mu, image_logvar, caption_mu, caption_logvar = encode_split(model, split, device)
     config = model.config
+    params = {"seed": 0} if config.metric == "match_prob" else {}
     similarity = similarity_matrix(
-        config.model_type, config.metric, image_mu, image_logvar, caption_mu, caption_logvar
-    )  # (N_img, N_cap)
+        config.model_type, config.metric, image_mu, image_logvar, caption_mu, caption_logvar,
+        **params,
+    )  # fmt: skip  # (N_img, N_cap)
     distances = -similarity.float().cpu()
     owner = split.caption_image  # (N_cap,)
     positive = owner[None, :] == torch.arange(split.num_images)[:, None]  # (N_img, N_cap)
@@ -119,7 +147,19 @@ def validate(
         for name, ranks in (("i2t", i2t), ("t2i", t2i))
         for k in RECALL_KS
     }
-    return (recalls, float(log_det(image_logvar).mean()), float(log_det(caption_logvar).mean()))
+    plausible = split.plausible if split.plausible is not None else positive.T  # (N_cap, N_img)
+    recalls["t2i_P@1"], recalls["t2i_R-P"] = _plausible_precisions(distances.T, plausible)
+    recalls["i2t_P@1"], recalls["i2t_R-P"] = _plausible_precisions(distances, plausible.T)
+    low, high = config.logvar_bounds
+    gaussian = [lv for lv, g in ((image_logvar, config.gaussian_images),
+                                 (caption_logvar, config.gaussian_captions)) if g]  # fmt: skip
+    at_bound = fraction_at_bound(torch.cat(gaussian).cpu(), low, high) if gaussian else 0.0
+    return (
+        recalls,
+        float(log_det(image_logvar).mean()),
+        float(log_det(caption_logvar).mean()),
+        at_bound,
+    )
 
 
 def train_epoch(
@@ -148,15 +188,11 @@ def train_epoch(
         caption_mu, caption_logvar = model.encode_texts(
             ids.to(device), lengths.to(device), generator, stochastic=True
         )
-        similarity = similarity_matrix(
-            model.config.model_type,
-            model.config.metric,
-            image_mu,
-            image_logvar,
-            caption_mu,
-            caption_logvar,
-        )  # (B, M)
-        loss = hinge_triplet_loss(similarity, owner.to(device), config.margin, negatives)
+        batch = BatchEmbeddings(
+            image_mu, image_logvar, caption_mu, caption_logvar, owner.to(device)
+        )
+        match = (model.match_scale, model.match_shift)
+        loss = batch_loss(batch, model.config, config, match, negatives, generator)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -244,6 +280,24 @@ def _training_info(
     }
 
 
+def parameter_groups(model: ProbabilisticModel, config: TrainConfig) -> list[dict[str, Any]]:
+    """The encoders at `lr`, the match probability's a and b at `match_lr`.
+
+    a and b are two scalars that must travel several units (b from 5 to wherever the batch's
+    distances sit); at the encoders' lr Adam moves them by about lr per step, which on a small
+    dataset leaves every pair's probability stuck near 0 for the whole run.
+    """
+    match = [model.match_log_scale, model.match_shift]
+    ids = {id(p) for p in match}
+    encoders = [p for p in model.parameters() if id(p) not in ids]
+    return [{"params": encoders, "lr": config.lr}, {"params": match, "lr": config.match_lr}]
+
+
+def _patience_spent(history: list[dict[str, Any]], best: dict[str, Any], patience: int) -> bool:
+    """Whether `patience` epochs have passed since the best one (patience 0: never stop)."""
+    return patience > 0 and len(history) - int(best["epoch"]) >= patience
+
+
 def train(
     data_dir: Path | str,
     out_dir: Path | str,
@@ -255,7 +309,10 @@ def train(
     log: Callable[[str], None] = tqdm.write,
 ) -> TrainResult:
     """Train on DATA_DIR and write OUT_DIR: model.json, checkpoint.pt (the epoch with the best
-    validation rsum), vocab.json, history.json, last.pt and the two ONNX encoders.
+    validation score), vocab.json, history.json, last.pt and the two ONNX encoders.
+
+    The learning rate falls by `lr_decay` after `lr_patience` epochs without a better
+    validation score, and training stops after `patience` such epochs (or at `epochs`).
 
     With `resume`, the model and training configs, vocabulary, weights, optimizer and epoch
     counter come from OUT_DIR/last.pt and training continues up to `train_config.epochs`;
@@ -263,7 +320,6 @@ def train(
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     model_config, train_config, state = _start_state(out_dir, model_config, train_config, resume)
-    train_config = dataclasses.replace(train_config, lr_decay_epoch=train_config.decay_epoch)
     tokenizer = Tokenizer.load(out_dir / VOCAB_FILE) if state else None
     with deterministic(train_config.seed):
         train_split, val_split, tokenizer = load_splits(data_dir, model_config, tokenizer)
@@ -272,34 +328,45 @@ def train(
         tokenizer.save(out_dir / VOCAB_FILE)
         device = pick_device()
         model = ProbabilisticModel(model_config).to(device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
-        scheduler = torch.optim.lr_scheduler.StepLR(
-            optimizer, step_size=train_config.lr_decay_epoch, gamma=train_config.lr_decay
+        optimizer = torch.optim.Adam(parameter_groups(model, train_config))
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="max", factor=train_config.lr_decay, patience=train_config.lr_patience
         )
         history: list[dict[str, Any]] = state["history"] if state else []
-        best: dict[str, Any] = state["best"] if state else {"rsum": -1.0, "epoch": 0, "recalls": {}}
+        best: dict[str, Any] = (
+            state["best"] if state else {"score": -1.0, "epoch": 0, "recalls": {}}
+        )
         if state:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
         info = _training_info(data_dir, train_config, train_split, val_split, device)
         for epoch in range(len(history), train_config.epochs):
+            if _patience_spent(history, best, train_config.patience):
+                log(f"stopping: no better validation score for {train_config.patience} epochs")
+                break
             started = time.perf_counter()
+            lr = optimizer.param_groups[0]["lr"]
             loss = train_epoch(model, optimizer, train_split, train_config, epoch, device, progress)
-            scheduler.step()
-            recalls, ld_image, ld_caption = validate(model, val_split, device)
+            recalls, ld_image, ld_caption, at_bound = validate(model, val_split, device)
             report = EpochReport(
-                epoch + 1, loss, recalls, ld_image, ld_caption, time.perf_counter() - started
-            )
+                epoch + 1, loss, recalls, ld_image, ld_caption, at_bound, lr,
+                time.perf_counter() - started,
+            )  # fmt: skip
+            scheduler.step(report.score)
             log(report.line())
-            history.append(dataclasses.asdict(report) | {"rsum": report.rsum})
-            if report.rsum > best["rsum"]:
+            history.append(
+                dataclasses.asdict(report) | {"rsum": report.rsum, "score": report.score}
+            )
+            if report.score > best["score"]:
                 best = {
+                    "score": report.score,
                     "rsum": report.rsum,
                     "epoch": epoch + 1,
                     "recalls": recalls,
                     "log_det_image": ld_image,
                     "log_det_caption": ld_caption,
+                    "at_bound": at_bound,
                 }
                 model.config = model_config.replace(training=info, validation=best)
                 save_checkpoint(model, out_dir / CHECKPOINT_FILE, epoch + 1)

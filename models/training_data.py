@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.datasets.records import PairedDataset, load_dataset
+from models.datasets.records import PairedDataset, load_dataset, plausible_match_matrix
 from models.model_config import ModelConfig
 from models.preprocess import InvalidImageError, load_image, normalize_uint8, resize_to_uint8
 from models.tokenizer import Tokenizer
@@ -25,13 +25,15 @@ class SplitTensors:
     """One split in memory.
 
     pixels: uint8 (N_img, 3, H, W); ids: int64 (N_cap, T) padded token ids; lengths: int64
-    (N_cap,); caption_image: int64 (N_cap,) row of each caption's image in `pixels`.
+    (N_cap,); caption_image: int64 (N_cap,) row of each caption's image in `pixels`;
+    plausible: bool (N_cap, N_img) the dataset's plausible matches (validation split only).
     """
 
     pixels: torch.Tensor
     ids: torch.Tensor
     lengths: torch.Tensor
     caption_image: torch.Tensor
+    plausible: torch.Tensor | None = None
 
     @property
     def num_images(self) -> int:
@@ -57,10 +59,16 @@ def load_splits(
             )
     if tokenizer is None:
         tokenizer = Tokenizer.build(c.text for c in train.captions)
-    return (_to_tensors(train, config, tokenizer), _to_tensors(val, config, tokenizer), tokenizer)
+    return (
+        _to_tensors(train, config, tokenizer),
+        _to_tensors(val, config, tokenizer, with_plausible=True),
+        tokenizer,
+    )
 
 
-def _to_tensors(split: PairedDataset, config: ModelConfig, tokenizer: Tokenizer) -> SplitTensors:
+def _to_tensors(
+    split: PairedDataset, config: ModelConfig, tokenizer: Tokenizer, with_plausible: bool = False
+) -> SplitTensors:
     """Decode the images that have captions and tokenise their captions."""
     captioned = {c.image_id for c in split.captions}
     images = [im for im in split.images if im.id in captioned]
@@ -75,11 +83,13 @@ def _to_tensors(split: PairedDataset, config: ModelConfig, tokenizer: Tokenizer)
         [c.text for c in split.captions], config.max_caption_tokens
     )
     caption_image = np.array([row_of[c.image_id] for c in split.captions], dtype=np.int64)
+    plausible = plausible_match_matrix(split.captions, images) if with_plausible else None
     return SplitTensors(
         torch.from_numpy(pixels),
         torch.from_numpy(ids),
         torch.from_numpy(lengths),
         torch.from_numpy(caption_image),
+        None if plausible is None else torch.from_numpy(plausible),
     )
 
 

@@ -11,7 +11,8 @@ from models.train import train
 
 SHAPES_IMAGES = 1000  # 800 train / 100 val / 100 test images, 5 captions each
 TINY_MODEL = ModelConfig(model_type="gcie", metric="w2", covariance="ellipsoidal", embed_dim=16)
-TINY_TRAINING = TrainConfig(epochs=16, seed=0)  # the default optimiser settings, fewer epochs
+# The default optimiser settings, a fixed number of epochs (no early stop).
+TINY_TRAINING = TrainConfig(epochs=16, patience=0, seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -76,14 +76,31 @@ def test_covariance_shapes(covariance: str) -> None:
     assert heads.logvar_head is not None and heads.logvar_head.out_features == width
 
 
-def test_avgpool_is_the_bounded_mean_of_the_raw_outputs() -> None:
-    config = ModelConfig(embed_dim=4, covariance="spherical-avgpool")
+def test_avgpool_is_the_soft_clamped_mean_of_the_raw_outputs() -> None:
+    config = ModelConfig(embed_dim=4, covariance="spherical-avgpool", var_min=0.1, var_max=10.0)
     heads = GaussianHeads(3, config, gaussian=True)
     features = torch.randn(2, 3)
-    raw = heads.logvar_head(features).mean(dim=1, keepdim=True)
+    x = heads.logvar_head(features).mean(dim=1, keepdim=True) + config.logvar_init
     low, high = math.log(0.1), math.log(10.0)
-    expected = low + (high - low) / (1 + torch.exp(-raw))
+    # softplus written out: ln(1 + e^z)
+    expected = low + torch.log1p(torch.exp(x - low)) - torch.log1p(torch.exp(x - high))
     torch.testing.assert_close(heads(features)[1], expected.expand(2, 4))
+
+
+def test_logvar_follows_the_head_inside_the_bounds_and_never_freezes() -> None:
+    """Well inside the safety bounds the log-variance is the head's output (gradient ~1), so a
+    loss can move it; only near a bound does the gradient fade."""
+    config = ModelConfig(embed_dim=3)
+    heads = GaussianHeads(2, config, gaussian=True)
+    features = torch.randn(5, 2)
+    raw = heads.logvar_head(features) + config.logvar_init
+    _, logvar = heads(features)
+    torch.testing.assert_close(logvar, raw, atol=1e-3, rtol=0)
+    logvar.sum().backward()
+    assert heads.logvar_head.bias.grad is not None
+    torch.testing.assert_close(
+        heads.logvar_head.bias.grad, torch.full((3,), 5.0), atol=1e-2, rtol=0
+    )
 
 
 def test_mean_and_logvar_heads_share_no_parameters() -> None:

@@ -78,7 +78,7 @@ def test_onnx_matches_torch_deterministic_and_masked(exported, variant) -> None:
             torch_image = model.image_encoder(images, image_masks)
             torch_text = model.text_encoder(ids, lengths, word_masks, head_masks)
         onnx_image = run_session(
-            out / IMAGE_ONNX_FILE, {"images": images, "head_masks": image_masks}
+            out / IMAGE_ONNX_FILE, {"images": images, "dropout_masks": image_masks}
         )
         onnx_text = run_session(
             out / TEXT_ONNX_FILE,
@@ -102,7 +102,8 @@ def test_graphs_declare_opset_and_dynamic_dimensions(exported) -> None:
             i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
             for i in graph.graph.input
         }
-        assert dims["head_masks"][:2] == ["S", "N"]
+        masks = "dropout_masks" if name == IMAGE_ONNX_FILE else "head_masks"
+        assert dims[masks][:2] == ["S", "N"]
     text_inputs = {i.name for i in onnx.load(str(out / TEXT_ONNX_FILE)).graph.input}
     assert text_inputs == {"token_ids", "lengths", "word_masks", "head_masks"}
 

@@ -4,7 +4,7 @@ against closed forms written out here."""
 import pytest
 import torch
 
-from models.losses import hinge_triplet_loss, similarity_matrix
+from models.objectives.hinge import hinge_triplet_loss, similarity_matrix
 
 
 def loop_triplet_loss(similarity, caption_image, margin, negatives):

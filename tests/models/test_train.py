@@ -115,7 +115,7 @@ def invoke_train(data: Path, out: Path, *extra: str):
 def test_cli_trains_and_prints_one_line_per_epoch(small_shapes, tmp_path) -> None:
     result = invoke_train(small_shapes, tmp_path / "m", "--model-type", "gce", "--embed-dim", "8")
     assert result.exit_code == 0, result.output
-    assert "epoch   1  loss" in result.output and "i2t R@1/5/10" in result.output
+    assert "epoch   1  loss" in result.output and "P@1 i2t/t2i" in result.output
     assert ModelConfig.load(tmp_path / "m").metric == "mahalanobis"
     again = invoke_train(small_shapes, tmp_path / "m")
     assert again.exit_code == 2 and "--resume" in again.output

@@ -21,19 +21,20 @@ def similarity_matrix(
     image_logvar: torch.Tensor,
     caption_mu: torch.Tensor,
     caption_logvar: torch.Tensor,
+    **params: object,
 ) -> torch.Tensor:
     """Similarity of every image to every caption, (N_img, D) x (N_cap, D) -> (N_img, N_cap).
 
     "cosine" is the dot product of the (unit) means; any other metric gives
     -pairwise_distance(metric, image, caption), so kl is -KL(image || caption) as in
     Pishdad et al. For mahalanobis the Gaussian modality supplies the variance: captions
-    for gce, images for gie.
+    for gce, images for gie. `params` go to models.gaussian (match_prob's a, b, seed).
     """
     if metric == "cosine":
         return image_mu @ caption_mu.T  # (N_img, N_cap)
     if metric == "mahalanobis" and model_type == "gie":
         return -pairwise_distance(metric, caption_mu, caption_logvar, image_mu, image_logvar).T
-    return -pairwise_distance(metric, image_mu, image_logvar, caption_mu, caption_logvar)
+    return -pairwise_distance(metric, image_mu, image_logvar, caption_mu, caption_logvar, **params)
 
 
 def hinge_triplet_loss(

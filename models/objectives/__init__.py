@@ -1,0 +1,66 @@
+"""Training objectives: what a batch of image and caption embeddings costs.
+
+- hinge: the bidirectional hinge triplet loss of VSE++ / Pishdad et al. on -distance.
+- pcme: PCME's soft contrastive loss on the sampled match probability.
+- pcmepp: PCME++'s BCE on the closed-form sampled distance, with pseudo-positives.
+Each can add the VIB term (KL to N(0, I)) for the Gaussian modalities and the uniformity term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.model_config import ModelConfig, TrainConfig
+from models.objectives.hinge import hinge_triplet_loss, similarity_matrix
+from models.objectives.match_probability import pcme_loss, pcmepp_loss
+from models.objectives.regularizers import uniformity_loss, vib_loss
+
+OBJECTIVES: tuple[str, ...] = ("hinge", "pcme", "pcmepp")
+
+
+@dataclass
+class BatchEmbeddings:
+    """One training batch, embedded: images (B, D), captions (M, D), owner (M,) image rows."""
+
+    image_mu: torch.Tensor
+    image_logvar: torch.Tensor
+    caption_mu: torch.Tensor
+    caption_logvar: torch.Tensor
+    caption_image: torch.Tensor
+
+
+def batch_loss(
+    batch: BatchEmbeddings,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    match: tuple[torch.Tensor, torch.Tensor],
+    negatives: str,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """The objective of `train_config` plus its regularisers; `match` is (a, b)."""
+    image = (batch.image_mu, batch.image_logvar)
+    caption = (batch.caption_mu, batch.caption_logvar)
+    if train_config.objective == "pcme":
+        loss = pcme_loss(
+            image, caption, batch.caption_image, *match, train_config.match_samples, generator
+        )
+    elif train_config.objective == "pcmepp":
+        loss = pcmepp_loss(
+            image, caption, batch.caption_image, *match, train_config.pseudo_positive_weight
+        )
+    else:
+        similarity = similarity_matrix(
+            model_config.model_type, model_config.metric, *image, *caption
+        )  # (B, M)
+        loss = hinge_triplet_loss(similarity, batch.caption_image, train_config.margin, negatives)
+    if train_config.vib_beta > 0:
+        if model_config.gaussian_images:
+            loss = loss + train_config.vib_beta * vib_loss(*image)
+        if model_config.gaussian_captions:
+            loss = loss + train_config.vib_beta * vib_loss(*caption)
+    if train_config.uniformity_weight > 0:
+        joint = torch.cat([batch.image_mu, batch.caption_mu])
+        loss = loss + train_config.uniformity_weight * uniformity_loss(joint)
+    return loss

@@ -1,0 +1,97 @@
+"""The probabilistic matching objectives: PCME (Chun et al.) and PCME++.
+
+Both turn a distance between an image's and a caption's Gaussians into a match probability
+p = sigmoid(-a * d + b), with a > 0 and b learned, and fit it to the batch's match matrix
+with binary cross-entropy averaged over every (image, caption) pair of the batch, as the
+papers' implementations do:
+
+- PCME: d is the Euclidean distance between samples, and p the mean of the sigmoid over J x J
+  sample pairs (models.gaussian's match_prob, which returns -ln p). The variance matters
+  because a vague embedding spreads its samples, and the mean sigmoid of a spread pair is
+  neither near 1 nor near 0: the loss of an ambiguous pair falls when its variance grows.
+- PCME++: d is the closed-form sampled distance csd = ||mu_i - mu_j||^2 + sum sigma_i^2 +
+  sum sigma_j^2 (its expectation over samples). Pseudo-positives, negatives that sit at least
+  as close as the pair's own positive, are pushed towards "match" with a small weight: they
+  are usually plausible matches the dataset did not pair (Chun, PCME++).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from models.gaussian import pairwise_distance
+
+
+def positive_mask(num_images: int, caption_image: torch.Tensor) -> torch.Tensor:
+    """(N_img, N_cap) True where caption j belongs to image i."""
+    rows = torch.arange(num_images, device=caption_image.device)
+    return rows[:, None] == caption_image[None, :]
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """ln(1 - exp(-x)) for x > 0, accurate at both ends (Maechler's two branches)."""
+    return torch.where(x < math.log(2.0), torch.log(-torch.expm1(-x)), torch.log1p(-torch.exp(-x)))
+
+
+def _pair_mean(positive_loss: torch.Tensor, negative_loss: torch.Tensor, positive: torch.Tensor):
+    """Mean over all pairs of the positive loss where `positive`, else the negative loss."""
+    return torch.where(positive, positive_loss, negative_loss).mean()
+
+
+def pcme_loss(
+    image: tuple[torch.Tensor, torch.Tensor],
+    caption: tuple[torch.Tensor, torch.Tensor],
+    caption_image: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    num_samples: int,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """PCME's soft contrastive loss of a batch: images (B, D) x captions (M, D).
+
+    -ln p for the matching pairs, -ln(1 - p) for the others, with p the J x J sampled match
+    probability (J = num_samples; noise from `generator`).
+    """
+    neg_log_p = pairwise_distance(
+        "match_prob", *image, *caption,
+        num_samples=num_samples, a=scale, b=shift, generator=generator,
+    )  # fmt: skip  # (B, M)
+    neg_log_p = neg_log_p.clamp_min(1e-6)
+    positive = positive_mask(image[0].shape[0], caption_image)
+    return _pair_mean(neg_log_p, -log1mexp(neg_log_p), positive)
+
+
+def pcmepp_loss(
+    image: tuple[torch.Tensor, torch.Tensor],
+    caption: tuple[torch.Tensor, torch.Tensor],
+    caption_image: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    pseudo_positive_weight: float,
+) -> torch.Tensor:
+    """PCME++'s loss of a batch: BCE of sigmoid(-a * csd + b) against the match matrix, plus
+    `pseudo_positive_weight` x the same BCE with the pseudo-positives counted as matches."""
+    csd = pairwise_distance("csd", *image, *caption)  # (B, M)
+    logits = -scale * csd + shift
+    positive = positive_mask(image[0].shape[0], caption_image)
+    loss = F.binary_cross_entropy_with_logits(logits, positive.to(logits.dtype))
+    if pseudo_positive_weight <= 0:
+        return loss
+    relabelled = positive | pseudo_positives(csd.detach(), positive, caption_image)
+    smooth = F.binary_cross_entropy_with_logits(logits, relabelled.to(logits.dtype))
+    return loss + pseudo_positive_weight * smooth
+
+
+def pseudo_positives(
+    distance: torch.Tensor, positive: torch.Tensor, caption_image: torch.Tensor
+) -> torch.Tensor:
+    """Negatives (i, j) at least as close as a positive of their row or column: image i is as
+    close to caption j as caption j's own image, or caption j as close to image i as the
+    farthest caption of image i. (N_img, N_cap) bool."""
+    own = distance.gather(0, caption_image[None, :])  # (1, N_cap) caption j to its image
+    farthest_own = torch.where(positive, distance, -torch.inf).amax(dim=1, keepdim=True)
+    closer = (distance <= own) | (distance <= farthest_own)
+    return closer & ~positive
