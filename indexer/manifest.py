@@ -19,10 +19,13 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Calibration:
-    """Temperature T of the retrieval posterior and rejection threshold tau for one metric."""
+    """How the service rejects queries ranked with one metric: the uncertainty score
+    (models.scoring.query_scores.SCORE_NAMES), its threshold tau, and the temperature T of
+    the retrieval posterior."""
 
     temperature: float = 1.0
     threshold: float | None = None
+    score: str = "mutual_information"
 
 
 @dataclass(frozen=True)

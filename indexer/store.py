@@ -32,7 +32,8 @@ from indexer.manifest import (
 )
 from indexer.tuning import tune_search_params
 from models.augmented import INDEX_FAMILIES, candidate_families
-from models.gaussian import METRICS, elementwise_distance
+from models.gaussian import METRICS
+from models.scoring.rerank import exact_rerank
 
 log = logging.getLogger(__name__)
 
@@ -226,18 +227,13 @@ class IndexVersion:
         out_rows = np.full((num_queries, size), -1, np.int64)
         out_distances = np.full((num_queries, size), np.inf, np.float32)
         logvar_q = np.zeros_like(mu_q) if logvar_q is None else np.asarray(logvar_q, np.float32)
+        cpu = torch.device("cpu")
         for q in range(num_queries):
-            union = np.unique(rows[q][rows[q] >= 0])  # (U,) sorted rows read well from mmap
-            if len(union) == 0:
-                continue
-            mu_g = torch.from_numpy(np.asarray(self.mu[union], np.float32))  # (U, D)
-            logvar_g = torch.from_numpy(np.asarray(self.logvar[union], np.float32))
-            mu_rep = torch.from_numpy(mu_q[q : q + 1]).expand_as(mu_g)
-            logvar_rep = torch.from_numpy(logvar_q[q : q + 1]).expand_as(mu_g)
-            distances = elementwise_distance(metric, mu_rep, logvar_rep, mu_g, logvar_g).numpy()
-            order = np.argsort(distances, kind="stable")[:size]
-            out_rows[q, : len(order)] = union[order]
-            out_distances[q, : len(order)] = distances[order]
+            ranked = exact_rerank(
+                metric, mu_q[q], logvar_q[q], self.mu, self.logvar, rows[q], size, cpu
+            )
+            out_rows[q, : len(ranked.rows)] = ranked.rows
+            out_distances[q, : len(ranked.rows)] = ranked.distances.numpy()
         return out_distances, out_rows
 
     def metadata(self, rows: Sequence[int]) -> list[dict[str, Any]]:

@@ -23,8 +23,9 @@ from models.datasets.records import (
 )
 from models.encoder_runtime import Embeddings, OnnxEncoder
 from models.gaussian import check_metric, elementwise_distance, pairwise_distance
+from models.heads import fraction_at_bound
 from models.preprocess import load_image
-from models.rejection_metrics import rejection_summary
+from models.rejection_metrics import auroc, rejection_summary, spearman
 from models.retrieval_metrics import (
     DistanceChunk,
     GroupRelevance,
@@ -32,7 +33,9 @@ from models.retrieval_metrics import (
     rank_queries,
     summarize_ranking,
 )
-from models.uncertainty import feature_uncertainty, log_det, mutual_information
+from models.scoring.query_scores import TEMPERATURE_SCORES, shortlist_scores
+from models.scoring.rerank import compute_device, gather_rows
+from models.uncertainty import log_det
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +60,14 @@ class EvalConfig:
     device: str = "auto"  # torch device for distances: auto, cpu or cuda
     deciles: int = 10
     histogram_bins: int = 30
+    ood_dir: str | None = None  # images unlike the dataset (e.g. photographs), for dataset shift
 
     def __post_init__(self) -> None:
         for metric in self.metrics:
             check_metric(metric)
         if self.mc_samples < 0 or self.shortlist_size < 1 or self.chunk_size < 1:
             raise EvaluationError("mc_samples must be >= 0, shortlist_size and chunk_size >= 1")
-        if any(not t > 0 for t in self.temperatures):
+        if not self.temperatures or any(not t > 0 for t in self.temperatures):
             raise EvaluationError(f"temperatures must all be > 0; got {self.temperatures}")
 
 
@@ -80,12 +84,11 @@ class SplitEmbeddings:
 
 
 def torch_device(device: str) -> torch.device:
-    """ "auto" -> cuda when torch sees a GPU, else cpu."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda"):
-        raise EvaluationError(f"unknown device {device!r}; choose auto, cpu or cuda")
-    return torch.device(device)
+    """The scoring device (models.scoring.rerank.compute_device); EvaluationError if unknown."""
+    try:
+        return compute_device(device)
+    except ValueError as e:
+        raise EvaluationError(str(e)) from e
 
 
 def _concat(parts: list[Embeddings]) -> Embeddings:
@@ -175,62 +178,42 @@ def distance_chunks(
         yield start, pairwise_distance(metric, mu_q, logvar_q, mu_g, logvar_g, **params)
 
 
-def shortlist_draw_distances(
-    metric: str,
-    queries: Embeddings,
-    gallery: Embeddings,
-    shortlist: np.ndarray,
-    device: torch.device,
-    seed: int = 0,
-    chunk_size: int = 256,
-) -> torch.Tensor:
-    """Distance of every MC draw of every query to its shortlist: (L, Q, m) float32 on CPU,
-    computed for `chunk_size` queries at a time."""
-    assert queries.mc_mu is not None and queries.mc_logvar is not None
-    params = {"seed": seed} if metric == "match_prob" else {}
-    num_draws, num_queries = queries.mc_mu.shape[:2]
-    m = shortlist.shape[1]
-    out = torch.empty((num_draws, num_queries, m), dtype=torch.float32)
-    for start in range(0, num_queries, chunk_size):
-        stop = min(start + chunk_size, num_queries)
-        rows = torch.from_numpy(shortlist[start:stop].reshape(-1))  # (c * m,)
-        mu_g = torch.from_numpy(gallery.mu)[rows].to(device)  # (c * m, D)
-        logvar_g = torch.from_numpy(gallery.logvar)[rows].to(device)
-        for draw in range(num_draws):
-            mu_q = torch.from_numpy(queries.mc_mu[draw, start:stop]).to(device)  # (c, D)
-            logvar_q = torch.from_numpy(queries.mc_logvar[draw, start:stop]).to(device)
-            d = elementwise_distance(
-                metric,
-                mu_q.repeat_interleave(m, dim=0),  # (c * m, D), query i repeated m times
-                logvar_q.repeat_interleave(m, dim=0),
-                mu_g,
-                logvar_g,
-                **params,
-            )  # (c * m,)
-            out[draw, start:stop] = d.reshape(stop - start, m).float().cpu()
-    return out
-
-
-def query_uncertainties(
+def direction_scores(
     metric: str,
     queries: Embeddings,
     gallery: Embeddings,
     shortlist: np.ndarray,
     config: EvalConfig,
 ) -> dict[str, np.ndarray]:
-    """Per-query uncertainty by each method: log-det, and with >= 2 MC draws feature uncertainty
-    and the mutual information over the shortlist at every temperature."""
-    out = {"log_det": log_det(torch.from_numpy(queries.logvar)).double().numpy()}
-    if queries.mc_mu is None or queries.mc_mu.shape[0] < 2:
-        return out
-    out["feature_uncertainty"] = feature_uncertainty(torch.from_numpy(queries.mc_mu)).numpy()
+    """Every uncertainty score of every query over its shortlist (models.scoring), with the
+    temperature-dependent ones once per temperature, named "<score>@T<t>"."""
     device = torch_device(config.device)
-    distances = shortlist_draw_distances(
-        metric, queries, gallery, shortlist, device, config.seed, config.chunk_size
-    )
-    for temperature in config.temperatures:
-        out[f"mi_T{temperature:g}"] = mutual_information(distances, temperature).double().numpy()
-    return out
+    parts: dict[str, list[np.ndarray]] = {}
+    has_draws = queries.mc_mu is not None and queries.mc_mu.shape[0] >= 1
+    for start in range(0, shortlist.shape[0], config.chunk_size):
+        stop = min(start + config.chunk_size, shortlist.shape[0])
+        rows = shortlist[start:stop]  # (c, m)
+        candidates = (
+            gather_rows(gallery.mu, rows, device),
+            gather_rows(gallery.logvar, rows, device),
+        )
+        query = tuple(
+            torch.from_numpy(a[start:stop]).to(device) for a in (queries.mu, queries.logvar)
+        )
+        draws = None
+        if has_draws:
+            draws = tuple(
+                torch.from_numpy(a[:, start:stop]).to(device)
+                for a in (queries.mc_mu, queries.mc_logvar)
+            )
+        for t, temperature in enumerate(config.temperatures):
+            scores = shortlist_scores(metric, query, draws, candidates, temperature)
+            for name, values in scores.available().items():
+                if name in TEMPERATURE_SCORES:
+                    parts.setdefault(f"{name}@T{temperature:g}", []).append(values)
+                elif t == 0:
+                    parts.setdefault(name, []).append(values)
+    return {name: np.concatenate(values) for name, values in parts.items()}
 
 
 @dataclass(frozen=True)
@@ -265,21 +248,29 @@ def direction_setup(split: SplitEmbeddings, direction: str):
 
 def evaluate_direction(
     split: SplitEmbeddings, metric: str, direction: str, config: EvalConfig
-) -> dict:
-    """Retrieval and rejection metrics of one direction with one metric."""
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """Retrieval, rejection and ambiguity figures of one direction with one metric.
+
+    A query is answered correctly when its first result is a plausible match (the dataset's
+    plausible-match matrix); rejection is judged on that, and each score's Spearman
+    correlation with ln(#plausible matches) says whether it grows with ambiguity. Returns the
+    report section and the per-query scores.
+    """
     queries, gallery, positives, sets = direction_setup(split, direction)
     if split.image_labels.shape[1] == 0:  # no label vectors (e.g. COCO captions only): no PMRP
         sets = {"r_precision": sets["r_precision"]}
     device = torch_device(config.device)
     chunks = distance_chunks(metric, queries, gallery, config.chunk_size, device, config.seed)
     result = rank_queries(chunks, queries.mu.shape[0], positives, sets, config.shortlist_size)
-    uncertainties = query_uncertainties(metric, queries, gallery, result.shortlist, config)
-    ranks = result.first_positive_rank
-    correct_at = {1: ranks < 1, 10: ranks < 10}
-    return {
+    scores = direction_scores(metric, queries, gallery, result.shortlist, config)
+    correct = result.top1_hit["r_precision"]
+    ambiguity = np.log(np.maximum(result.relevant_count["r_precision"], 1))
+    section = {
         "retrieval": summarize_ranking(result),
-        "rejection": rejection_summary(uncertainties, correct_at, config.deciles, config.seed),
+        "rejection": rejection_summary(scores, correct, config.deciles, config.seed),
+        "ambiguity_spearman": {name: spearman(v, ambiguity) for name, v in scores.items()},
     }
+    return section, scores
 
 
 def _selection_accuracy(
@@ -326,26 +317,34 @@ def crop_experiment(split: SplitEmbeddings, metrics: Sequence[str], config: Eval
         for metric in metrics
     }
 
-    def mean_log_det(embeddings: Embeddings) -> float:
-        return float(log_det(torch.from_numpy(embeddings.logvar)).double().mean())
+    def item_log_det(embeddings: Embeddings) -> np.ndarray:
+        return log_det(torch.from_numpy(embeddings.logvar)).double().numpy()  # (P,)
+
+    def summary(part_a: Embeddings, union: Embeddings) -> dict[str, float]:
+        a, ab = item_log_det(part_a), item_log_det(union)
+        return {
+            "part_a": float(a.mean()),
+            "union": float(ab.mean()),
+            "a_larger": float(np.mean(a > ab)),
+        }
 
     return {
         "tuples": len(pairs),
         "metrics": per_metric,
-        "mean_log_det": {
-            "image": {"part_a": mean_log_det(image_a), "union": mean_log_det(image_ab)},
-            "text": {"part_a": mean_log_det(text_a), "union": mean_log_det(text_ab)},
-        },
+        "log_det": {"image": summary(image_a, image_ab), "text": summary(text_a, text_ab)},
     }
 
 
-def log_det_summary(embeddings: Embeddings, bins: int) -> dict:
-    """Mean, std and histogram of the per-item log-det of one gallery."""
-    values = log_det(torch.from_numpy(embeddings.logvar)).double().numpy()
+def log_det_summary(embeddings: Embeddings, bins: int, bounds: tuple[float, float]) -> dict:
+    """Mean, std and histogram of the per-item log-det of one gallery, and the fraction of
+    items with a variance dimension at one of the model's bounds."""
+    logvar = torch.from_numpy(embeddings.logvar)
+    values = log_det(logvar).double().numpy()
     counts, edges = np.histogram(values, bins=bins)
     return {
         "mean": float(values.mean()),
         "std": float(values.std()),
+        "at_bound": fraction_at_bound(logvar, *bounds),
         "histogram": {"counts": counts.tolist(), "edges": edges.tolist()},
     }
 
@@ -363,6 +362,7 @@ def evaluate_model(
     embedded = embed_split(model_dir, dataset, config)
     model_config = embedded.encoders["image"].config
     metrics = config.metrics or (model_config.search_metric,)
+    bounds = model_config.logvar_bounds
     report: dict = {
         "model": {
             "dir": str(model_dir),
@@ -378,15 +378,68 @@ def evaluate_model(
         },
         "settings": {**asdict(config), "metrics": list(metrics)},
         "log_det": {
-            "image": log_det_summary(embedded.images, config.histogram_bins),
-            "text": log_det_summary(embedded.captions, config.histogram_bins),
+            "image": log_det_summary(embedded.images, config.histogram_bins, bounds),
+            "text": log_det_summary(embedded.captions, config.histogram_bins, bounds),
         },
         "metrics": {},
     }
+    ood = _ood_images(config.ood_dir, embedded, config) if config.ood_dir else None
     for metric in metrics:
         logger.info("evaluating %s", metric)
-        per_direction = {d: evaluate_direction(embedded, metric, d, config) for d in DIRECTIONS}
+        per_direction, image_query_scores = {}, {}
+        for direction in DIRECTIONS:
+            per_direction[direction], scores = evaluate_direction(
+                embedded, metric, direction, config
+            )
+            if direction == "i2t":
+                image_query_scores = scores
         rsum = sum(per_direction[d]["retrieval"]["rsum"] for d in DIRECTIONS)
         report["metrics"][metric] = {"rsum": rsum, **per_direction}
+        if ood is not None:
+            report["metrics"][metric]["ood"] = ood_auroc(
+                metric, ood, embedded.captions, image_query_scores, config
+            )
     report["crop"] = crop_experiment(embedded, metrics, config)
     return report
+
+
+def _ood_images(ood_dir: str, embedded: SplitEmbeddings, config: EvalConfig) -> Embeddings:
+    """MC-dropout embeddings of every image file in `ood_dir` (sorted by name)."""
+    paths = sorted(
+        p for p in Path(ood_dir).iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg")
+    )
+    if not paths:
+        raise EvaluationError(f"--ood {ood_dir} holds no .png or .jpg images")
+    pil = [load_image(p) for p in paths]
+    encoder = embedded.encoders["image"]
+    parts = [
+        encoder.encode_images(pil[s : s + config.batch_size], config.mc_samples, config.seed + b)
+        for b, s in enumerate(range(0, len(pil), config.batch_size))
+    ]
+    return _concat(parts)
+
+
+def ood_auroc(
+    metric: str,
+    ood: Embeddings,
+    captions: Embeddings,
+    in_distribution: dict[str, np.ndarray],
+    config: EvalConfig,
+) -> dict:
+    """Dataset shift (Hama et al. 4.5): AUROC of each score for telling the out-of-distribution
+    image queries from the split's own images (higher = the OOD images look more uncertain)."""
+    device = torch_device(config.device)
+    chunks = distance_chunks(metric, ood, captions, config.chunk_size, device, config.seed)
+    m = min(config.shortlist_size, captions.mu.shape[0])
+    shortlist = np.concatenate(
+        [torch.topk(d, m, dim=1, largest=False).indices.cpu().numpy() for _, d in chunks]
+    )  # (Q_ood, m)
+    scores = direction_scores(metric, ood, captions, shortlist, config)
+    return {
+        "images": int(ood.mu.shape[0]),
+        "auroc": {
+            name: auroc(in_distribution[name], values)
+            for name, values in scores.items()
+            if name in in_distribution
+        },
+    }

@@ -56,16 +56,26 @@ def eval_command(
         "0.01,0.1,1,10"
     ),
     chunk_size: Annotated[int, typer.Option(help="Queries per distance chunk.")] = 256,
+    ood: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder of images unlike the dataset (e.g. `probsearch data photos`): AUROC "
+            "of each score for telling them from the split's images."
+        ),
+    ] = None,
     device: Annotated[
         str | None, typer.Option(help="auto, cpu or cuda [env PROBSEARCH_DEVICE].")
     ] = None,
 ) -> None:
-    """Retrieval (R@K, R-Precision, PMRP), rejection (AUPRC), uncertainty deciles, crops."""
+    """Plausible P@1, R-Precision, PMRP, R@K; rejection and ambiguity of every uncertainty score;
+    dataset shift (--ood); the crop experiment."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = ProbsearchSettings()
     model_dir = model or settings.model
     if model_dir is None:
         raise _fail("no model dir: pass --model MODEL_DIR or set PROBSEARCH_MODEL", 2)
+    if ood is not None and not ood.is_dir():
+        raise _fail(f"--ood {ood} is not a folder of images", 2)
     if not model_dir.is_dir():
         raise _fail(f"model dir {model_dir} does not exist (train one with `probsearch train`)", 1)
     metric_names = _parse_list(metrics, str, "metrics")
@@ -83,6 +93,7 @@ def eval_command(
             temperatures=_parse_list(temperatures, float, "temperatures"),
             chunk_size=chunk_size,
             device=device or settings.device,
+            ood_dir=str(ood) if ood else None,
         )
         result = evaluate_model(model_dir, data, split, config)
     except EvaluationError as e:

@@ -38,108 +38,93 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _mi_methods(rejection: dict) -> list[str]:
-    return [m for m in rejection if m.startswith("mi_")]
-
-
-def _best_mi(rejection: dict, at: str) -> str | None:
-    methods = _mi_methods(rejection)
-    return max(methods, key=lambda m: rejection[m][at]["auprc"]) if methods else None
-
-
 def _retrieval_section(report: dict) -> list[str]:
-    keys = [
-        "R@1",
-        "R@5",
-        "R@10",
-        "rsum",
-        "median_rank",
-        "r_precision",
-        "pmrp_zeta0",
-        "pmrp_zeta1",
-        "pmrp_zeta2",
-        "pmrp",
+    keys = ["P@1", "r_precision", "pmrp", "R@1", "R@1_ceiling", "R@5", "R@10", "median_rank"]
+    header = ["metric", "direction", "P@1", "R-P", "PMRP", "R@1", "R@1 ceiling", "R@5", "R@10"]
+    header.append("med r")
+    rows = [
+        [metric, d, *(_fmt(result[d]["retrieval"].get(k)) for k in keys)]
+        for metric, result in report["metrics"].items()
+        for d in ("i2t", "t2i")
     ]
-    rows = []
-    for metric, result in report["metrics"].items():
-        for direction in ("i2t", "t2i"):
-            retrieval = result[direction]["retrieval"]
-            rows.append([metric, direction, *(_fmt(retrieval.get(k)) for k in keys)])
-    header = [
-        "metric",
-        "direction",
-        "R@1",
-        "R@5",
-        "R@10",
-        "rsum",
-        "med r",
-        "R-P",
-        "PMRP ζ=0",
-        "PMRP ζ=1",
-        "PMRP ζ=2",
-        "PMRP",
-    ]
-    total = ", ".join(f"{m}: {_fmt(r['rsum'])}" for m, r in report["metrics"].items())
     return [
         "## Retrieval (%)",
         "",
-        *_table(header, rows),
+        "P@1 and R-P (R-Precision) count a result as right when it is a plausible match (the "
+        "caption names only objects the image holds); R@K counts only the exact pair, and its "
+        "ceiling is what a model answering with a random plausible match would reach.",
         "",
-        f"rsum over both directions: {total}.",
+        *_table(header, rows),
         "",
     ]
 
 
-def _verdict(rejection: dict, method: str, at: str) -> str:
-    mi, chance = rejection[method][at]["auprc"], rejection["random"][at]["auprc"]
-    word = "beats" if mi > chance else "ties with" if mi == chance else "does NOT beat"
-    return f"MI ({method}) {word} random on {at} AUPRC ({mi:.3f} vs {chance:.3f})"
+def _score_names(section: dict) -> list[str]:
+    return [name for name in section["rejection"] if name not in ("random", "oracle")]
 
 
 def _rejection_section(report: dict) -> list[str]:
-    rows, verdicts = [], []
+    rows = []
     for metric, result in report["metrics"].items():
         for direction in ("i2t", "t2i"):
-            rejection = result[direction]["rejection"]
-            for method, entry in rejection.items():
+            section = result[direction]
+            rejection = section["rejection"]
+            chance = rejection["random"]["auprc"]
+            for name in _score_names(section):
+                entry = rejection[name]
                 rows.append(
                     [
                         metric,
                         direction,
-                        method,
-                        _fmt(entry["R@1"]["auprc"], 3),
-                        _fmt(entry["R@10"]["auprc"], 3),
+                        name,
+                        _fmt(entry["auprc"], 3),
+                        _fmt(entry["normalized_auprc"], 3),
+                        _fmt(chance, 3),
+                        _fmt(section["ambiguity_spearman"].get(name), 2),
                     ]
                 )
-            best = _best_mi(rejection, "R@1")
-            if best is None:
-                verdicts.append(f"- {metric} {direction}: no MI (needs --mc-samples >= 2).")
-                continue
-            verdicts.append(
-                f"- {metric} {direction}: "
-                + ", ".join(_verdict(rejection, best, at) for at in ("R@1", "R@10"))
-            )
-    header = ["metric", "direction", "reject by", "AUPRC R@1", "AUPRC R@10"]
+    header = ["metric", "direction", "score", "AUPRC", "normalised", "random", "Spearman amb."]
     return [
-        "## Rejection (precision vs fraction of queries kept)",
+        "## Uncertainty scores: rejection and ambiguity",
         "",
-        "AUPRC is the mean precision over coverage; random rejection scores the accuracy.",
+        "AUPRC: mean precision (plausible P@1) of the kept queries over the fraction kept, "
+        "rejecting the most uncertain first; normalised = (AUPRC - random) / (oracle - random). "
+        "Spearman amb.: rank correlation of the score with ln(#plausible matches) of the query.",
         "",
         *_table(header, rows),
         "",
-        *verdicts,
+    ]
+
+
+def _ood_section(report: dict) -> list[str]:
+    rows = [
+        [metric, name, _fmt(value, 3)]
+        for metric, result in report["metrics"].items()
+        if "ood" in result
+        for name, value in result["ood"]["auroc"].items()
+    ]
+    if not rows:
+        return []
+    count = next(r["ood"]["images"] for r in report["metrics"].values() if "ood" in r)
+    return [
+        "## Dataset shift (image queries)",
+        "",
+        f"AUROC of each score for telling {count} out-of-distribution images from the split's "
+        "own images (1 = every OOD image scores as more uncertain, 0.5 = chance).",
+        "",
+        *_table(["metric", "score", "AUROC"], rows),
         "",
     ]
 
 
 def _decile_section(report: dict) -> list[str]:
-    lines = ["## R@1 per uncertainty decile (decile 1 = most certain)", ""]
+    lines = ["## P@1 per uncertainty decile (decile 1 = most certain)", ""]
     for metric, result in report["metrics"].items():
         for direction in ("i2t", "t2i"):
             rejection = result[direction]["rejection"]
             methods = [m for m in rejection if "deciles" in rejection[m]]
             bins = len(rejection[methods[0]]["deciles"]["accuracy"]) if methods else 0
-            header = ["reject by", *(str(b + 1) for b in range(bins))]
+            header = ["score", *(str(b + 1) for b in range(bins))]
             rows = [
                 [m, *(_fmt(100 * a, 1) for a in rejection[m]["deciles"]["accuracy"])]
                 for m in methods
@@ -160,8 +145,8 @@ def _crop_section(report: dict) -> list[str]:
                 [metric, direction, _fmt(acc["part_a"]), _fmt(acc["union"]), _fmt(acc["overall"])]
             )
     log_det_rows = [
-        [modality, _fmt(v["part_a"]), _fmt(v["union"])]
-        for modality, v in crop["mean_log_det"].items()
+        [modality, _fmt(v["part_a"]), _fmt(v["union"]), _fmt(100 * v["a_larger"], 1)]
+        for modality, v in crop["log_det"].items()
     ]
     return [
         "## Crop experiment (part A vs union A+B)",
@@ -170,15 +155,16 @@ def _crop_section(report: dict) -> list[str]:
         "",
         *_table(["metric", "direction", "part A", "union A+B", "overall"], rows),
         "",
-        "Mean log-det:",
+        "Log-det: means, and the share of tuples (%) where part A is vaguer than A+B:",
         "",
-        *_table(["modality", "part A", "union A+B"], log_det_rows),
+        *_table(["modality", "part A", "union A+B", "A > A+B (%)"], log_det_rows),
         "",
     ]
 
 
 def markdown_report(report: dict, plots: list[str] | None = None) -> str:
-    """The report as Markdown: retrieval, rejection, deciles, crop experiment, log-det, plots."""
+    """The report as Markdown: retrieval, rejection and ambiguity, dataset shift, deciles, crop
+    experiment, log-det, plots."""
     model, data = report["model"], report["data"]
     settings = report["settings"]
     lines = [
@@ -187,18 +173,19 @@ def markdown_report(report: dict, plots: list[str] | None = None) -> str:
         f"Model `{model['dir']}` on `{data['dir']}` split **{data['split']}** "
         f"({data['images']} images, {data['captions']} captions); "
         f"{settings['mc_samples']} MC draws, seed {settings['seed']}, "
-        f"MI over the top {settings['shortlist_size']}.",
+        f"scores over the top {settings['shortlist_size']}.",
         "",
     ]
-    lines += _retrieval_section(report) + _rejection_section(report)
+    lines += _retrieval_section(report) + _rejection_section(report) + _ood_section(report)
     lines += _decile_section(report) + _crop_section(report)
+    rows = [
+        [m, _fmt(v["mean"]), _fmt(v["std"]), _fmt(100 * v.get("at_bound", 0.0), 1)]
+        for m, v in report["log_det"].items()
+    ]
     lines += [
         "## Log-det per modality",
         "",
-        *_table(
-            ["modality", "mean", "std"],
-            [[m, _fmt(v["mean"]), _fmt(v["std"])] for m, v in report["log_det"].items()],
-        ),
+        *_table(["modality", "mean", "std", "items with a variance at a bound (%)"], rows),
         "",
     ]
     if plots:
@@ -207,20 +194,19 @@ def markdown_report(report: dict, plots: list[str] | None = None) -> str:
 
 
 def _plot_precision_coverage(rejection: dict, title: str, path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, at in zip(axes, ("R@1", "R@10"), strict=True):
-        for method, entry in rejection.items():
-            style = "--" if method == "random" else "-"
-            label = f"{method} ({entry[at]['auprc']:.3f})"
-            ax.plot(entry[at]["coverage"], entry[at]["precision"], style, label=label)
-        ax.set(
-            title=f"{title}: precision of {at}",
-            xlabel="fraction of queries kept",
-            ylabel="precision",
-            xlim=(0, 1),
-            ylim=(0, 1.02),
-        )
-        ax.legend(fontsize=7)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, entry in rejection.items():
+        style = "--" if method in ("random", "oracle") else "-"
+        label = f"{method} ({entry['auprc']:.3f})"
+        ax.plot(entry["coverage"], entry["precision"], style, label=label)
+    ax.set(
+        title=f"{title}: precision of plausible P@1",
+        xlabel="fraction of queries kept",
+        ylabel="precision",
+        xlim=(0, 1),
+        ylim=(0, 1.02),
+    )
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -233,11 +219,11 @@ def _plot_deciles(rejection: dict, title: str, path: Path) -> None:
             accuracy = entry["deciles"]["accuracy"]
             ax.plot(range(1, len(accuracy) + 1), [100 * a for a in accuracy], "o-", label=method)
     ax.set(
-        title=f"{title}: R@1 per uncertainty decile",
+        title=f"{title}: P@1 per uncertainty decile",
         xlabel="decile (1 = most certain)",
-        ylabel="R@1 (%)",
+        ylabel="plausible P@1 (%)",
     )
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -266,7 +252,7 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
             name = f"precision_coverage_{metric}_{direction}.png"
             _plot_precision_coverage(rejection, title, out_dir / name)
             names.append(name)
-            name = f"r1_by_decile_{metric}_{direction}.png"
+            name = f"p1_by_decile_{metric}_{direction}.png"
             _plot_deciles(rejection, title, out_dir / name)
             names.append(name)
     _plot_log_det(report, out_dir / "log_det_histogram.png")

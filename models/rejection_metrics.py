@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import rankdata
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,38 @@ def precision_coverage(uncertainty: np.ndarray, correct: np.ndarray) -> Precisio
     return PrecisionCoverage(coverage=kept / uncertainty.size, precision=expected_correct / kept)
 
 
+def oracle_rejection(correct: np.ndarray) -> PrecisionCoverage:
+    """The best possible curve: every wrong answer rejected before any right one."""
+    correct = np.asarray(correct, dtype=np.float64)
+    return precision_coverage(1.0 - correct, correct)
+
+
+def normalized_auprc(auprc: float, random: float, oracle: float) -> float:
+    """(AUPRC - random) / (oracle - random): 0 is chance, 1 the oracle; NaN when every answer
+    is right or every one wrong (nothing to tell apart)."""
+    span = oracle - random
+    return (auprc - random) / span if span > 1e-12 else float("nan")
+
+
+def auroc(negatives: np.ndarray, positives: np.ndarray) -> float:
+    """P(score of a positive > score of a negative), ties counting 1/2 (Mann-Whitney U / n m)."""
+    negatives = np.asarray(negatives, dtype=np.float64)
+    positives = np.asarray(positives, dtype=np.float64)
+    if negatives.size == 0 or positives.size == 0:
+        raise ValueError("AUROC needs at least one positive and one negative")
+    ranks = rankdata(np.concatenate([negatives, positives]))  # average ranks for ties
+    u = ranks[negatives.size :].sum() - positives.size * (positives.size + 1) / 2.0
+    return float(u / (negatives.size * positives.size))
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+
+
 def random_rejection(correct: np.ndarray) -> PrecisionCoverage:
     """Expected curve of rejecting at random: the overall accuracy at every coverage."""
     correct = np.asarray(correct, dtype=np.float64)
@@ -118,48 +151,42 @@ def accuracy_by_decile(
 
 
 def rejection_summary(
-    uncertainties: Mapping[str, np.ndarray],
-    correct_at: Mapping[int, np.ndarray],
+    scores: Mapping[str, np.ndarray],
+    correct: np.ndarray,
     bins: int = 10,
     seed: int = 0,
     curve_points: int = 101,
 ) -> dict[str, dict]:
-    """Every rejection measure for one retrieval direction.
+    """Every rejection measure of one retrieval direction, judged on `correct` (Q,) bool.
 
-    Args:
-        uncertainties: method name -> (Q,) uncertainty; "random" is added as the chance level.
-        correct_at: K -> (Q,) bool, whether the ground truth is in the top K of each query.
-
-    Returns:
-        method -> {"R@K": {"auprc", "coverage", "precision"}, ..., "deciles": {...}} where the
-        deciles hold R@1 (or the smallest K) per uncertainty decile; curves are resampled to
-        at most `curve_points` points (the AUPRC is computed on the full curve).
+    Returns score name -> {"auprc", "normalized_auprc", "coverage", "precision", "deciles"},
+    plus "random" and "oracle" (AUPRC and curve only). Curves are resampled to at most
+    `curve_points` points; the AUPRC is computed on the full curve.
     """
-    smallest_k = min(correct_at)
-    num_queries = correct_at[smallest_k].size
-    bins = min(bins, num_queries)
+    correct = np.asarray(correct, dtype=bool)
+    bins = min(bins, correct.size)
+    random, oracle = random_rejection(correct), oracle_rejection(correct)
     summary: dict[str, dict] = {}
-    for method, uncertainty in {**uncertainties, "random": None}.items():
-        entry: dict = {}
-        for k, correct in correct_at.items():
-            curve = (
-                random_rejection(correct)
-                if uncertainty is None
-                else precision_coverage(uncertainty, correct)
-            )
-            shown = curve.resampled(curve_points)
-            entry[f"R@{k}"] = {
-                "auprc": curve.auprc,
-                "coverage": shown.coverage.tolist(),
-                "precision": shown.precision.tolist(),
-            }
-        if uncertainty is not None:
-            deciles = accuracy_by_decile(uncertainty, correct_at[smallest_k], bins, seed)
-            entry["deciles"] = {
-                "K": smallest_k,
+    for name, curve in {"random": random, "oracle": oracle}.items():
+        shown = curve.resampled(curve_points)
+        summary[name] = {
+            "auprc": curve.auprc,
+            "coverage": shown.coverage.tolist(),
+            "precision": shown.precision.tolist(),
+        }
+    for name, values in scores.items():
+        curve = precision_coverage(values, correct)
+        shown = curve.resampled(curve_points)
+        deciles = accuracy_by_decile(values, correct, bins, seed)
+        summary[name] = {
+            "auprc": curve.auprc,
+            "normalized_auprc": normalized_auprc(curve.auprc, random.auprc, oracle.auprc),
+            "coverage": shown.coverage.tolist(),
+            "precision": shown.precision.tolist(),
+            "deciles": {
                 "mean_uncertainty": deciles.mean_uncertainty.tolist(),
                 "accuracy": deciles.accuracy.tolist(),
                 "count": deciles.count.tolist(),
-            }
-        summary[method] = entry
+            },
+        }
     return summary

@@ -100,10 +100,19 @@ def count_top_hits(
     return torch.where(depth > 0, hits, torch.zeros_like(hits))
 
 
-def _r_precisions(
+@dataclass(frozen=True)
+class SetOutcome:
+    """Per-query figures of one chunk for one relevance set, each (c,)."""
+
+    r_precision: np.ndarray  # float64, NaN where nothing is relevant
+    top1_hit: np.ndarray  # bool: the first result is relevant (ties broken against the model)
+    relevant_count: np.ndarray  # int64
+
+
+def _set_outcomes(
     distances: torch.Tensor, rows: np.ndarray, r_precision_sets: Mapping[str, Relevance]
-) -> dict[str, np.ndarray]:
-    """R-Precision (c,) of one chunk for every relevance set, NaN where nothing is relevant."""
+) -> dict[str, SetOutcome]:
+    """R-Precision, top-1 hit and relevant count of one chunk for every relevance set."""
     relevant = {
         name: torch.from_numpy(relevance.mask(rows)).to(distances.device)  # (c, G)
         for name, relevance in r_precision_sets.items()
@@ -113,10 +122,14 @@ def _r_precisions(
     smallest = smallest_sorted(distances, deepest)  # (c, k), sorted once for every set
     out = {}
     for name, mask in relevant.items():
-        hits = count_top_hits(distances, mask, num_relevant[name], smallest)  # (c,)
-        precision = hits.double() / num_relevant[name].clamp(min=1).double()
-        precision[num_relevant[name] == 0] = torch.nan
-        out[name] = precision.cpu().numpy()
+        count = num_relevant[name]
+        hits = count_top_hits(distances, mask, count, smallest)  # (c,)
+        precision = hits.double() / count.clamp(min=1).double()
+        precision[count == 0] = torch.nan
+        top1 = count_top_hits(distances, mask, torch.ones_like(count), smallest) > 0
+        out[name] = SetOutcome(
+            precision.cpu().numpy(), top1.cpu().numpy(), count.cpu().numpy().astype(np.int64)
+        )
     return out
 
 
@@ -125,8 +138,12 @@ class RankingResult:
     """Per-query outcome of ranking the whole gallery for every query."""
 
     first_positive_rank: np.ndarray  # (Q,) int64, 0-based rank of the best ground-truth match
+    positive_count: np.ndarray  # (Q,) int64 ground-truth matches in the gallery
     r_precision: dict[str, np.ndarray]  # name -> (Q,) float64 in [0, 1], NaN if nothing relevant
+    top1_hit: dict[str, np.ndarray]  # name -> (Q,) bool, the first result is relevant
+    relevant_count: dict[str, np.ndarray]  # name -> (Q,) int64 relevant items in the gallery
     shortlist: np.ndarray  # (Q, m) int64 gallery rows of the m closest items, closest first
+    shortlist_distances: np.ndarray  # (Q, m) float32 their distances
 
 
 def rank_queries(
@@ -146,24 +163,40 @@ def rank_queries(
         shortlist_size: m, the number of closest gallery rows kept per query (for MI).
     """
     ranks = np.full(num_queries, -1, dtype=np.int64)
+    positive_count = np.zeros(num_queries, dtype=np.int64)
     precisions = {name: np.full(num_queries, np.nan) for name in r_precision_sets}
-    shortlist: np.ndarray | None = None
+    top1 = {name: np.zeros(num_queries, dtype=bool) for name in r_precision_sets}
+    counts = {name: np.zeros(num_queries, dtype=np.int64) for name in r_precision_sets}
+    shortlist = shortlist_distances = None
     for first_row, distances in chunks:
         if not bool(torch.isfinite(distances).all()):
             raise ValueError("distances contain NaN or infinity; check the embeddings")
         rows = np.arange(first_row, first_row + distances.shape[0])
         positive = torch.from_numpy(positives.mask(rows)).to(distances.device)  # (c, G)
         ranks[rows] = first_positive_rank(distances, positive).cpu().numpy()
-        for name, precision in _r_precisions(distances, rows, r_precision_sets).items():
-            precisions[name][rows] = precision
+        positive_count[rows] = positive.sum(dim=1).cpu().numpy()
+        for name, outcome in _set_outcomes(distances, rows, r_precision_sets).items():
+            precisions[name][rows] = outcome.r_precision
+            top1[name][rows] = outcome.top1_hit
+            counts[name][rows] = outcome.relevant_count
         m = min(shortlist_size, distances.shape[1])
         if shortlist is None:
             shortlist = np.zeros((num_queries, m), dtype=np.int64)
-        closest = torch.topk(distances, m, dim=1, largest=False, sorted=True).indices  # (c, m)
-        shortlist[rows] = closest.cpu().numpy()
-    if shortlist is None or (ranks < 0).any():
+            shortlist_distances = np.zeros((num_queries, m), dtype=np.float32)
+        closest = torch.topk(distances, m, dim=1, largest=False, sorted=True)  # (c, m)
+        shortlist[rows] = closest.indices.cpu().numpy()
+        shortlist_distances[rows] = closest.values.float().cpu().numpy()
+    if shortlist is None or shortlist_distances is None or (ranks < 0).any():
         raise ValueError(f"the distance chunks did not cover all {num_queries} queries")
-    return RankingResult(first_positive_rank=ranks, r_precision=precisions, shortlist=shortlist)
+    return RankingResult(
+        first_positive_rank=ranks,
+        positive_count=positive_count,
+        r_precision=precisions,
+        top1_hit=top1,
+        relevant_count=counts,
+        shortlist=shortlist,
+        shortlist_distances=shortlist_distances,
+    )
 
 
 def recall_at_k(ranks: np.ndarray, k: int) -> float:
@@ -177,15 +210,24 @@ def median_rank(ranks: np.ndarray) -> float:
 
 
 def summarize_ranking(
-    result: RankingResult, ks: tuple[int, ...] = RECALL_KS
+    result: RankingResult, ks: tuple[int, ...] = RECALL_KS, plausible: str = "r_precision"
 ) -> dict[str, float | int]:
     """R@K (%), rsum (sum of the R@K), median and mean rank, and each R-Precision (%).
 
-    An R-Precision set named `pmrp_zeta<z>` also feeds `pmrp`, the mean over those zetas.
+    An R-Precision set named `pmrp_zeta<z>` also feeds `pmrp`, the mean over those zetas. For
+    the `plausible` set, also `P@1` (the first result is plausible, %) and `R@1_ceiling`: the
+    best exact-pair R@1 of a model that always answers with a plausible match chosen at random,
+    mean(#ground-truth / #plausible) (%).
     """
     ranks = result.first_positive_rank
     summary: dict[str, float | int] = {f"R@{k}": recall_at_k(ranks, k) for k in ks}
     summary["rsum"] = sum(summary[f"R@{k}"] for k in ks)
+    if plausible in result.top1_hit:
+        counts = result.relevant_count[plausible]
+        valid = counts > 0
+        summary["P@1"] = 100.0 * float(np.mean(result.top1_hit[plausible][valid]))
+        ceiling = np.minimum(result.positive_count[valid] / counts[valid], 1.0)
+        summary["R@1_ceiling"] = 100.0 * float(np.mean(ceiling))
     summary["median_rank"] = median_rank(ranks)
     summary["mean_rank"] = float(np.mean(ranks) + 1)
     pmrps = []

@@ -93,7 +93,7 @@ def _one_line(error: Exception) -> str:
 def calibrate(
     data: Annotated[Path, typer.Option(help="Dataset dir with the held-out queries.")],
     target_precision: Annotated[
-        float | None, typer.Option(help="R@1 precision the kept queries must reach.")
+        float | None, typer.Option(help="P@1 precision the kept queries must reach.")
     ] = None,
     target_coverage: Annotated[
         float | None, typer.Option(help="Fraction of queries to keep instead.")
@@ -110,9 +110,10 @@ def calibrate(
     ] = None,
     redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
 ) -> None:
-    """Pick the temperature and rejection threshold of the active indexes on held-out queries."""
+    """Pick the reject score, its temperature and threshold for the active indexes on held-out
+    queries (the score with the best normalised AUPRC)."""
+    from indexer.calibration import CalibrationJob, Target, run_calibration
     from indexer.registry import ActiveRegistry
-    from service.calibration import CalibrationJob, Target, run_calibration
 
     try:
         settings = _settings_with(
@@ -144,9 +145,11 @@ def calibrate(
 
 def _calibration_line(modality: str, version: str, result: Any) -> str:
     met = "" if result.target_met else "  (target NOT met: most certain group kept)"
+    quality = max(result.normalized_auprc.values())
     return (
-        f"{modality} {version} {result.metric}: T={result.temperature:g} tau={result.threshold:.4f}"
-        f" keeps {100 * result.kept_fraction:.1f}% at R@1 precision "
+        f"{modality} {version} {result.metric}: rejects by {result.score} "
+        f"(normalised AUPRC {quality:.3f}) T={result.temperature:g} tau={result.threshold:.4f}"
+        f" keeps {100 * result.kept_fraction:.1f}% at P@1 precision "
         f"{100 * result.kept_precision:.1f}% (all queries: {100 * result.accuracy:.1f}%){met}"
     )
 

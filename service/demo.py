@@ -19,12 +19,12 @@ from typing import Any
 
 import redis
 
+from indexer.calibration import CalibrationJob, Target, run_calibration
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
 from models.datasets.shapes import generate_shapes
 from models.model_config import ModelConfig, TrainConfig
 from models.train import train
-from service.calibration import CalibrationJob, Target, run_calibration
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,10 @@ def _build_indexes(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> di
 def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
     registry = ActiveRegistry(paths.index_root, None)
     for gallery, version in done["indexes"].items():
-        say(f"[4/4] calibrating T and tau of the {gallery} gallery on the val split")
+        say(
+            f"[4/4] calibrating the reject score, T and tau of the {gallery} gallery "
+            "on the val split"
+        )
         job = CalibrationJob(
             version_dir=registry.version_path(gallery, version), model_dir=paths.model,
             data_dir=paths.data, target=Target(coverage=plan.target_coverage),
@@ -156,8 +159,9 @@ def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
         )  # fmt: skip
         for result in run_calibration(job):
             say(
-                f"      {result.metric}: T={result.temperature:g} tau={result.threshold:.4f} "
-                f"keeps {100 * result.kept_fraction:.0f}% of queries at R@1 precision "
+                f"      {result.metric}: {result.score} T={result.temperature:g} "
+                f"tau={result.threshold:.4f} "
+                f"keeps {100 * result.kept_fraction:.0f}% of queries at P@1 precision "
                 f"{100 * result.kept_precision:.0f}% (all: {100 * result.accuracy:.0f}%)"
             )
     return True

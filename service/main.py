@@ -18,13 +18,13 @@ from indexer.publish import model_fingerprint
 from indexer.store import IndexVersion
 from models.encoder_runtime import OnnxEncoder
 from models.model_config import ModelConfig
+from models.scoring.rerank import compute_device
 from service.batching import MicroBatcher
 from service.cache import ResultCache
 from service.deps import Services
 from service.errors import HANDLED_ERRORS, status_of
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
-from service.rerank import rerank_device
 from service.routes import admin, health, search
 from service.searcher import GALLERY_OF_KIND, Searcher
 from service.settings import Settings
@@ -110,7 +110,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         default_metric=config.search_metric,
         candidate_metric=settings.candidate_metric,
         max_shortlist=settings.max_shortlist,
-        device=rerank_device(settings.device),
+        device=compute_device(settings.device),
     )
     batcher = MicroBatcher(
         searcher.search_batch,

@@ -39,7 +39,9 @@ class SearchOptions(BaseModel):
         None, gt=0, description="Retrieval posterior temperature T; default: calibrated value."
     )
     reject_threshold: FiniteFloat | None = Field(
-        None, ge=0, description="Reject when MI > this (nats); default: calibrated value."
+        None,
+        description="Reject when the reject score (query.reject_score.name, chosen by "
+        "calibration) exceeds this; default: the calibrated threshold.",
     )
     return_embedding: bool = Field(False, description="Return the query's mu and logvar.")
 
@@ -64,6 +66,16 @@ class EmbeddingSearchRequest(SearchOptions):
     gallery: Gallery = Field(description="Which gallery to search.")
 
 
+class RejectScoreInfo(BaseModel):
+    """The uncertainty score the service rejects with, chosen per metric by calibration."""
+
+    name: str = Field(description="One of log_det, entropy, feature_uncertainty, "
+                      "mutual_information, posterior_entropy.")  # fmt: skip
+    value: float | None = Field(description="The query's value; null if not computed "
+                                "(a draw-based score with mc_samples 0).")  # fmt: skip
+    threshold: float | None = Field(description="Rejected when value > threshold; null: never.")
+
+
 class QueryInfo(BaseModel):
     """What the service knows about the query itself."""
 
@@ -77,8 +89,15 @@ class QueryInfo(BaseModel):
     feature_uncertainty: float | None = Field(
         description="Sum over dims of the variance of mu across MC draws; null if mc_samples=0."
     )
-    rejected: bool = Field(description="mutual_information > reject_threshold.")
-    reject_threshold: float | None = Field(description="Threshold used; null: never rejects.")
+    posterior_entropy: float = Field(
+        description="Entropy (nats) of the mean retrieval posterior over the shortlist: high "
+        "when many candidates are about equally good (an ambiguous query)."
+    )
+    reject_score: RejectScoreInfo
+    rejected: bool = Field(description="reject_score.value > reject_score.threshold.")
+    reject_threshold: float | None = Field(
+        description="Same as reject_score.threshold; null: never rejects."
+    )
     temperature: float
     mc_samples: int
     shortlist_size: int = Field(description="Candidates actually re-ranked.")

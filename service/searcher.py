@@ -18,15 +18,17 @@ from PIL import Image
 
 from models.augmented import INDEX_FAMILIES
 from models.encoder_runtime import OnnxEncoder
-from models.uncertainty import sample_gaussian
+from models.scoring.query_scores import QueryScores, shortlist_scores
+from models.scoring.rerank import Ranked, exact_rerank
+from models.uncertainty import log_det, sample_gaussian
 from service.errors import IndexUnavailableError, InvalidQueryError
 from service.index_holder import IndexHolder, LoadedIndex
-from service.rerank import Ranked, Uncertainty, exact_rerank, query_uncertainty
 
 QueryKind = Literal["text", "image", "embedding"]
 # A text query searches the image gallery and an image query the caption gallery.
 GALLERY_OF_KIND: dict[str, str] = {"text": "image", "image": "text"}
 DEFAULT_TEMPERATURE = 1.0
+DEFAULT_REJECT_SCORE = "mutual_information"  # of a version that was never calibrated
 
 
 def default_shortlist(k: int) -> int:
@@ -85,6 +87,39 @@ class Hit:
 
 
 @dataclass
+class Uncertainty:
+    """The query's scores (models.scoring.query_scores) as numbers; None where not computed."""
+
+    log_det: float
+    entropy: float
+    mutual_information: float | None
+    feature_uncertainty: float | None
+    posterior_entropy: float
+
+    @classmethod
+    def of(cls, scores: QueryScores) -> "Uncertainty":
+        """The first query's scores."""
+        return cls(**{name: _first(scores.get(name)) for name in cls.__dataclass_fields__})
+
+
+def _first(values: np.ndarray | None) -> float | None:
+    return None if values is None else float(values[0])
+
+
+@dataclass
+class RejectScore:
+    """The score the service rejects with (chosen by calibration), its value and threshold."""
+
+    name: str
+    value: float | None
+    threshold: float | None
+
+    @property
+    def rejected(self) -> bool:
+        return self.value is not None and self.threshold is not None and self.value > self.threshold
+
+
+@dataclass
 class Outcome:
     """Everything a search endpoint answers."""
 
@@ -92,8 +127,7 @@ class Outcome:
     metric: str
     index_version: str
     temperature: float
-    reject_threshold: float | None
-    rejected: bool
+    reject_score: RejectScore
     mc_samples: int
     shortlist_size: int
     uncertainty: Uncertainty
@@ -281,27 +315,22 @@ class Searcher:
         threshold = params.reject_threshold
         if threshold is None and calibration is not None:
             threshold = calibration.threshold
+        score_name = calibration.score if calibration is not None else DEFAULT_REJECT_SCORE
         enc = plan.encoded
-        unc = query_uncertainty(
-            plan.metric, ranked, enc.logvar, enc.mc_mu, enc.mc_logvar, temperature
-        )
-        rejected = (
-            threshold is not None
-            and unc.mutual_information is not None
-            and unc.mutual_information > threshold
-        )
+        scores = self._scores(plan.metric, enc, ranked, temperature)
+        unc = Uncertainty.of(scores)
+        reject = RejectScore(score_name, _first(scores.get(score_name)), threshold)
         uncertainty_ms = 1000 * (time.perf_counter() - start)
         return Outcome(
             kind=plan.query.kind,
             metric=plan.metric,
             index_version=loaded.version,
             temperature=float(temperature),
-            reject_threshold=threshold,
-            rejected=rejected,
+            reject_score=reject,
             mc_samples=params.mc_samples,
             shortlist_size=len(ranked.rows),
             uncertainty=unc,
-            hits=self._hits(index, ranked, unc, params.k),
+            hits=self._hits(index, ranked, scores.posterior[0], params.k),
             mu=enc.mu,
             logvar=enc.logvar,
             timings_ms={
@@ -312,11 +341,27 @@ class Searcher:
             },
         )
 
+    def _scores(
+        self, metric: str, enc: Encoded, ranked: Ranked, temperature: float
+    ) -> QueryScores:
+        """models.scoring's scores of one query over its re-ranked shortlist."""
+
+        def tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(self.device)
+
+        query = (tensor(enc.mu)[None], tensor(enc.logvar)[None])  # (1, D) each
+        draws = None
+        if enc.mc_mu is not None and enc.mc_logvar is not None and len(enc.mc_mu) > 0:
+            draws = (tensor(enc.mc_mu)[:, None], tensor(enc.mc_logvar)[:, None])  # (L, 1, D)
+        candidates = (ranked.mu[None], ranked.logvar[None])  # (1, M, D) each
+        return shortlist_scores(metric, query, draws, candidates, temperature)
+
     @staticmethod
-    def _hits(index: Any, ranked: Ranked, unc: Uncertainty, k: int) -> list[Hit]:
+    def _hits(index: Any, ranked: Ranked, posterior: np.ndarray, k: int) -> list[Hit]:
         rows = ranked.rows[:k]
         metadata = index.metadata(rows.tolist())
         distances = ranked.distances[:k].cpu().numpy()
+        result_log_det = log_det(ranked.logvar[:k]).cpu().numpy()
         hits = []
         for rank, (meta, distance) in enumerate(zip(metadata, distances, strict=True), start=1):
             meta = dict(meta)
@@ -325,9 +370,9 @@ class Searcher:
                 Hit(
                     id=item_id,
                     rank=rank,
-                    score=float(unc.scores[rank - 1]),
+                    score=float(posterior[rank - 1]),
                     distance=float(distance),
-                    log_det=float(unc.result_log_det[rank - 1]),
+                    log_det=float(result_log_det[rank - 1]),
                     metadata=meta,
                 )
             )

@@ -48,6 +48,21 @@ def shapes(
     typer.echo(f"wrote {images} images (seed {seed}) to {out} in {elapsed:.1f} s")
 
 
+@app.command("photos")
+def photos(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the PNGs into.")],
+) -> None:
+    """Write real photographs (scikit-image's bundled ones, with crops): images unlike the shapes
+    data, for `probsearch eval --ood` and for trying the service with a photograph."""
+    from models.datasets.photos import write_photos
+
+    try:
+        written = write_photos(out)
+    except OSError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"wrote {len(written)} photographs to {out}")
+
+
 @app.command("check")
 def check(
     directory: Annotated[Path, typer.Argument(help="Dataset directory (docs/data-format.md).")],

@@ -31,6 +31,7 @@ from service.schemas import (
     EmbeddingSearchRequest,
     ImageSearchRequest,
     QueryInfo,
+    RejectScoreInfo,
     SearchHit,
     SearchOptions,
     SearchResponse,
@@ -228,8 +229,10 @@ def _response(outcome: Outcome, params: SearchParams, model_name: str) -> Search
         entropy=unc.entropy,
         mutual_information=unc.mutual_information,
         feature_uncertainty=unc.feature_uncertainty,
-        rejected=outcome.rejected,
-        reject_threshold=outcome.reject_threshold,
+        posterior_entropy=unc.posterior_entropy,
+        reject_score=RejectScoreInfo(**dataclasses.asdict(outcome.reject_score)),
+        rejected=outcome.reject_score.rejected,
+        reject_threshold=outcome.reject_score.threshold,
         temperature=outcome.temperature,
         mc_samples=outcome.mc_samples,
         shortlist_size=outcome.shortlist_size,
@@ -260,7 +263,7 @@ def _response(outcome: Outcome, params: SearchParams, model_name: str) -> Search
 def _observe(services: Services, outcome: Outcome) -> None:
     for stage, ms in outcome.timings_ms.items():
         services.metrics.stage_latency.labels(stage=stage).observe(ms / 1000)
-    if outcome.rejected:
+    if outcome.reject_score.rejected:
         services.metrics.rejections.labels(gallery=GALLERY_OF_KIND.get(outcome.kind, "")).inc()
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
 from models.datasets.records import is_plausible_match, load_dataset
@@ -17,10 +18,10 @@ from models.evaluate import (
     PlausibleMatchRelevance,
     SplitEmbeddings,
     _selection_accuracy,
+    direction_scores,
     embed_split,
     evaluate_direction,
     evaluate_model,
-    query_uncertainties,
 )
 from models.evaluation_cli import app
 from models.evaluation_report import write_report
@@ -84,12 +85,14 @@ def test_report_is_consistent(report: dict, embedded: SplitEmbeddings) -> None:
             zetas = [retrieval[f"pmrp_zeta{z}"] for z in (0, 1, 2)]
             assert retrieval["pmrp"] == pytest.approx(np.mean(zetas))
             assert 0 <= retrieval["r_precision"] <= 100
-            # Random rejection's AUPRC is the accuracy itself.
-            assert rejection["random"]["R@1"]["auprc"] == pytest.approx(retrieval["R@1"] / 100)
-            assert rejection["random"]["R@10"]["auprc"] == pytest.approx(retrieval["R@10"] / 100)
-            methods = {"log_det", "feature_uncertainty", "random"}
-            methods |= {f"mi_T{t:g}" for t in CONFIG.temperatures}
+            # Random rejection's AUPRC is the accuracy itself: plausible P@1.
+            assert rejection["random"]["auprc"] == pytest.approx(retrieval["P@1"] / 100)
+            assert rejection["oracle"]["auprc"] >= rejection["random"]["auprc"]
+            methods = {"log_det", "entropy", "feature_uncertainty", "random", "oracle"}
+            for t in CONFIG.temperatures:
+                methods |= {f"mutual_information@T{t:g}", f"posterior_entropy@T{t:g}"}
             assert set(rejection) == methods
+            assert set(result[direction]["ambiguity_spearman"]) == methods - {"random", "oracle"}
     histogram = report["log_det"]["image"]["histogram"]
     assert sum(histogram["counts"]) == len(embedded.dataset.images)
     crop = report["crop"]
@@ -107,17 +110,19 @@ def test_same_seed_gives_the_same_report(report: dict, tiny_model_dir: Path, sha
 def test_chunk_size_does_not_change_the_result(embedded: SplitEmbeddings) -> None:
     small = EvalConfig(metrics=("kl",), mc_samples=3, shortlist_size=20, chunk_size=7)
     large = EvalConfig(metrics=("kl",), mc_samples=3, shortlist_size=20, chunk_size=100_000)
-    assert evaluate_direction(embedded, "kl", "t2i", small) == evaluate_direction(
-        embedded, "kl", "t2i", large
-    )
+    section_small, scores_small = evaluate_direction(embedded, "kl", "t2i", small)
+    section_large, scores_large = evaluate_direction(embedded, "kl", "t2i", large)
+    assert json.dumps(section_small, sort_keys=True) == json.dumps(section_large, sort_keys=True)
+    for name, values in scores_small.items():
+        np.testing.assert_array_equal(values, scores_large[name])
 
 
-def test_mutual_information_uses_each_querys_own_shortlist(embedded: SplitEmbeddings) -> None:
+def test_scores_use_each_querys_own_shortlist(embedded: SplitEmbeddings) -> None:
     queries, gallery = embedded.captions, embedded.images
     rng = np.random.default_rng(0)
     shortlist = np.stack([rng.permutation(gallery.mu.shape[0])[:5] for _ in queries.mu])
     chunked = dataclasses.replace(CONFIG, chunk_size=7)  # several chunks of queries
-    values = query_uncertainties("w2", queries, gallery, shortlist, chunked)
+    values = direction_scores("w2", queries, gallery, shortlist, chunked)
     for q in (0, len(queries.mu) // 2, len(queries.mu) - 1):
         draws = torch.stack(
             [
@@ -133,9 +138,51 @@ def test_mutual_information_uses_each_querys_own_shortlist(embedded: SplitEmbedd
         )  # (L, 1, 5)
         for t in CONFIG.temperatures:
             expected = float(mutual_information(draws, t)[0])
-            assert values[f"mi_T{t:g}"][q] == pytest.approx(expected, abs=1e-5)
+            assert values[f"mutual_information@T{t:g}"][q] == pytest.approx(expected, abs=1e-5)
+            p = torch.softmax(-draws[:, 0].double() / t, dim=-1).mean(dim=0).numpy()  # (5,)
+            entropy = -sum(x * np.log(x) for x in p if x > 0)
+            assert values[f"posterior_entropy@T{t:g}"][q] == pytest.approx(entropy, abs=1e-5)
     log_dets = queries.logvar.astype(np.float64).sum(axis=1)
     assert values["log_det"] == pytest.approx(log_dets, rel=1e-5)
+
+
+def brute_plausible(distances: np.ndarray, plausible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Top-1 plausible (ties broken against the model) and R-Precision per query, by a loop."""
+    top1, r_precision = [], []
+    for q in range(distances.shape[0]):
+        order = np.lexsort((plausible[q], distances[q]))  # on a tie, the implausible item first
+        count = int(plausible[q].sum())
+        top1.append(bool(plausible[q, order[0]]))
+        r_precision.append(plausible[q, order[:count]].mean() if count else np.nan)
+    return np.array(top1), np.array(r_precision)
+
+
+def test_plausible_figures_match_a_loop(report: dict, embedded: SplitEmbeddings) -> None:
+    captions, images = embedded.dataset.captions, embedded.dataset.images
+    plausible = np.array([[is_plausible_match(c, im) for im in images] for c in captions])
+    image_emb, caption_emb = embedded.images, embedded.captions
+    arrays = (image_emb.mu, image_emb.logvar, caption_emb.mu, caption_emb.logvar)
+    tensors = [torch.from_numpy(a) for a in arrays]
+    for metric in CONFIG.metrics:
+        t2i = pairwise_distance(metric, *tensors[2:], *tensors[:2]).numpy()  # (C, I)
+        i2t = pairwise_distance(metric, *tensors).numpy()  # (I, C)
+        for direction, d, p in (("t2i", t2i, plausible), ("i2t", i2t, plausible.T)):
+            top1, r_precision = brute_plausible(d, p)
+            retrieval = report["metrics"][metric][direction]["retrieval"]
+            assert retrieval["P@1"] == pytest.approx(100 * top1.mean())
+            assert retrieval["r_precision"] == pytest.approx(100 * np.nanmean(r_precision))
+            own = np.arange(len(images))[None, :] == embedded.caption_image[:, None]  # (C, I)
+            own = own if direction == "t2i" else own.T
+            ceiling = np.mean(np.minimum(own.sum(1) / p.sum(1), 1.0))
+            assert retrieval["R@1_ceiling"] == pytest.approx(100 * ceiling)
+
+
+def test_ambiguity_spearman_matches_scipy(embedded: SplitEmbeddings) -> None:
+    section, scores = evaluate_direction(embedded, "w2", "t2i", CONFIG)
+    captions, images = embedded.dataset.captions, embedded.dataset.images
+    count = np.array([sum(is_plausible_match(c, im) for im in images) for c in captions])
+    expected = spearmanr(scores["log_det"], np.log(np.maximum(count, 1))).statistic
+    assert section["ambiguity_spearman"]["log_det"] == pytest.approx(expected)
 
 
 def test_exact_plausible_relevance_matches_the_dataset_judgement(
@@ -167,7 +214,7 @@ def test_report_files(report: dict, tmp_path: Path) -> None:
     written = write_report(report, tmp_path / "out")
     names = {p.name for p in written}
     assert {"report.json", "report.md", "log_det_histogram.png"} <= names
-    assert "precision_coverage_kl_t2i.png" in names and "r1_by_decile_w2_i2t.png" in names
+    assert "precision_coverage_kl_t2i.png" in names and "p1_by_decile_w2_i2t.png" in names
     loaded = json.loads((tmp_path / "out" / "report.json").read_text())
     assert loaded["metrics"]["w2"]["i2t"]["retrieval"]["R@1"] == pytest.approx(
         report["metrics"]["w2"]["i2t"]["retrieval"]["R@1"]

@@ -4,13 +4,18 @@ import itertools
 
 import numpy as np
 import pytest
+from scipy.stats import spearmanr
 
 from models.rejection_metrics import (
     PrecisionCoverage,
     accuracy_by_decile,
+    auroc,
+    normalized_auprc,
+    oracle_rejection,
     precision_coverage,
     random_rejection,
     rejection_summary,
+    spearman,
 )
 
 
@@ -91,17 +96,49 @@ def test_deciles_split_evenly_and_match_a_loop() -> None:
         start += deciles.count[b]
 
 
-def test_summary_has_every_method_plus_random() -> None:
+def test_summary_has_every_score_plus_random_and_oracle() -> None:
     rng = np.random.default_rng(5)
-    correct_at = {1: rng.random(500) < 0.3}
-    correct_at[10] = correct_at[1] | (rng.random(500) < 0.5)
-    summary = rejection_summary({"log_det": rng.random(500)}, correct_at, curve_points=51)
-    assert set(summary) == {"log_det", "random"}
-    assert summary["random"]["R@10"]["auprc"] == pytest.approx(correct_at[10].mean())
-    assert len(summary["log_det"]["R@1"]["coverage"]) == 51
-    assert summary["log_det"]["R@1"]["coverage"][-1] == 1.0
-    assert summary["log_det"]["deciles"]["K"] == 1
+    correct = rng.random(500) < 0.3
+    summary = rejection_summary({"log_det": rng.random(500)}, correct, curve_points=51)
+    assert set(summary) == {"log_det", "random", "oracle"}
+    assert summary["random"]["auprc"] == pytest.approx(correct.mean())
+    assert len(summary["log_det"]["coverage"]) == 51
+    assert summary["log_det"]["coverage"][-1] == 1.0
     assert "deciles" not in summary["random"]
+    normalized = summary["log_det"]["normalized_auprc"]
+    expected = (summary["log_det"]["auprc"] - correct.mean()) / (
+        summary["oracle"]["auprc"] - correct.mean()
+    )
+    assert normalized == pytest.approx(expected)
+
+
+def test_oracle_curve_matches_a_loop() -> None:
+    """Keeping the right answers first: precision 1 until they run out, then #right / kept."""
+    rng = np.random.default_rng(8)
+    correct = rng.random(200) < 0.4
+    curve = oracle_rejection(correct)
+    right = int(correct.sum())
+    expected = [1.0 if k <= right else right / k for k in range(1, 201)]
+    np.testing.assert_allclose(curve.precision, expected)
+    assert normalized_auprc(curve.auprc, random_rejection(correct).auprc, curve.auprc) == 1.0
+    assert np.isnan(normalized_auprc(0.5, 0.7, 0.7))
+
+
+def test_auroc_matches_a_pair_loop() -> None:
+    rng = np.random.default_rng(3)
+    negatives = rng.integers(0, 6, 40).astype(float)  # many ties
+    positives = rng.integers(2, 8, 25).astype(float)
+    pairs = [(p > n) + 0.5 * (p == n) for p in positives for n in negatives]
+    assert auroc(negatives, positives) == pytest.approx(np.mean(pairs))
+    assert auroc(np.zeros(3), np.ones(2)) == 1.0
+
+
+def test_spearman_matches_scipy() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 5, 60).astype(float)
+    y = x + rng.normal(size=60)
+    assert spearman(x, y) == pytest.approx(spearmanr(x, y).statistic)
+    assert np.isnan(spearman(np.ones(5), np.arange(5.0)))
 
 
 def test_bad_inputs_are_reported() -> None:

@@ -5,15 +5,24 @@ import math
 import subprocess
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from indexer.calibration import CalibrationError, Target, candidate_name, select_threshold
 from indexer.manifest import read_manifest, verify_checksums
 from indexer.registry import ActiveRegistry
-from service.calibration import CalibrationError, Target, select_threshold
-from tests.service.conftest import PROBSEARCH, Artifacts, copy_index_root, probsearch
+from models.scoring.query_scores import SCORE_NAMES
+from tests.service.conftest import (
+    PROBSEARCH,
+    Artifacts,
+    ServerThread,
+    copy_index_root,
+    make_settings,
+    probsearch,
+)
 
 queries = st.integers(1, 40).flatmap(
     lambda n: st.tuples(
@@ -76,7 +85,7 @@ def calibrated(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.mark.parametrize("modality", ["image", "text"])
-def test_calibrate_records_t_and_tau_per_metric(calibrated: Path, modality: str) -> None:
+def test_calibrate_records_score_t_and_tau_per_metric(calibrated: Path, modality: str) -> None:
     registry = ActiveRegistry(calibrated, None)
     version_dir = registry.version_path(modality, registry.active_version(modality))
     manifest = read_manifest(version_dir)
@@ -87,8 +96,11 @@ def test_calibrate_records_t_and_tau_per_metric(calibrated: Path, modality: str)
         result = evidence["metrics"][metric]
         assert calibration.temperature == result["temperature"]
         assert calibration.threshold == result["threshold"]
-        best = max(result["auprc_by_temperature"].items(), key=lambda item: item[1])
-        assert math.isclose(float(best[0]), calibration.temperature)
+        assert calibration.score == result["score"] in SCORE_NAMES
+        quality = result["normalized_auprc"]
+        best = max(quality.values())
+        chosen = candidate_name(calibration.score, calibration.temperature)
+        assert math.isclose(quality[chosen], best)
         assert result["kept_fraction"] >= 0.6
         assert result["target_met"]
 
@@ -114,3 +126,26 @@ def test_calibrate_without_an_active_index(artifacts: Artifacts, tmp_path: Path)
     )  # fmt: skip
     assert done.returncode == 2
     assert "no active image index" in done.stderr
+
+
+def test_the_service_rejects_with_the_calibrated_score(calibrated: Path, artifacts: Artifacts):
+    registry = ActiveRegistry(calibrated, None)
+    manifest = read_manifest(registry.version_path("image", registry.active_version("image")))
+    captions = ["a red circle", "two shapes", "a violet star left of a green box", "an object"]
+    seen = []
+    with (
+        ServerThread(make_settings(artifacts, index_root=calibrated)) as running,
+        httpx.Client(base_url=running.url, timeout=30) as http,
+    ):
+        for text in captions:
+            for metric in manifest.metrics:
+                body = http.post("/search/text", json={"text": text, "metric": metric})
+                query = body.json()["query"]
+                calibration = manifest.calibration[metric]
+                reject = query["reject_score"]
+                assert reject["name"] == calibration.score
+                assert reject["threshold"] == calibration.threshold
+                assert reject["value"] == query[calibration.score]
+                assert query["rejected"] is (reject["value"] > reject["threshold"])
+                seen.append(query["rejected"])
+    assert True in seen and False in seen  # coverage 0.6 rejects some of these, keeps others

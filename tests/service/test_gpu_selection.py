@@ -9,7 +9,7 @@ import torch
 
 from indexer import store
 from models.encoder_runtime import choose_providers
-from service.rerank import rerank_device
+from models.scoring.rerank import compute_device
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 
@@ -24,10 +24,10 @@ def test_onnx_runtime_takes_cuda_only_when_it_is_available(monkeypatch) -> None:
 
 def test_rerank_runs_on_cuda_when_torch_sees_a_gpu(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert rerank_device("auto") == torch.device("cuda")
-    assert rerank_device("cpu") == torch.device("cpu")
+    assert compute_device("auto") == torch.device("cuda")
+    assert compute_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert rerank_device("auto") == torch.device("cpu")
+    assert compute_device("auto") == torch.device("cpu")
 
 
 def _write_index(path: Path, index: faiss.Index) -> Path:

@@ -1,14 +1,16 @@
-"""Calibration of the rejection rule: per metric, the temperature T and threshold tau.
+"""Calibration of the rejection rule: per metric, the score, its temperature T and threshold tau.
 
 Held-out queries (a split the gallery does not hold) go through the same steps as a served
-request: encode with MC-dropout draws, shortlist from the index, exact re-rank, mutual
-information over the shortlist (service.rerank). A query counts as answered correctly when
-its top result is a plausible match (models.datasets.records.is_plausible_match). Then:
+request: encode with MC-dropout draws, shortlist from the index, exact re-rank and every
+uncertainty score over the shortlist (models.scoring, the service's own code). A query counts
+as answered correctly when its top result is a plausible match
+(models.datasets.records.is_plausible_match). Then:
 
-- T is the candidate temperature whose MI ranks the queries best for rejection (AUPRC of
-  R@1 precision against the fraction of queries kept);
-- tau is the largest MI that still meets the target: the precision of the kept queries
-  (MI <= tau) is at least P, or at least a fraction C of the queries is kept.
+- the score and T are the pair whose values rank the queries best for rejection: the largest
+  normalised AUPRC, (AUPRC - random) / (oracle - random), of precision against the fraction
+  of queries kept (T matters only to mutual information and posterior entropy);
+- tau is the largest value of that score that still meets the target: the precision of the
+  kept queries (score <= tau) is at least P, or at least a fraction C of the queries is kept.
 """
 
 import json
@@ -32,9 +34,14 @@ from models.datasets.records import (
 )
 from models.encoder_runtime import Embeddings, OnnxEncoder
 from models.preprocess import load_image
-from models.rejection_metrics import precision_coverage
-from models.uncertainty import mutual_information
-from service.rerank import draw_distances, exact_rerank, rerank_device
+from models.rejection_metrics import (
+    normalized_auprc,
+    oracle_rejection,
+    precision_coverage,
+    random_rejection,
+)
+from models.scoring.query_scores import TEMPERATURE_SCORES, shortlist_scores
+from models.scoring.rerank import compute_device, exact_rerank
 
 CALIBRATION_FILE = "calibration.json"
 DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
@@ -64,35 +71,38 @@ class MetricCalibration:
     """The outcome for one metric, with the evidence behind it."""
 
     metric: str
+    score: str
     temperature: float
     threshold: float
-    auprc_by_temperature: dict[str, float]
-    accuracy: float  # R@1 precision with no rejection
+    normalized_auprc: dict[str, float]  # "<score>" or "<score>@T<t>" -> normalised AUPRC
+    accuracy: float  # plausible P@1 with no rejection
     kept_fraction: float  # of the calibration queries, at tau
-    kept_precision: float  # R@1 precision of the kept queries, at tau
+    kept_precision: float  # plausible P@1 of the kept queries, at tau
     target_met: bool
     queries: int
 
 
-def select_threshold(mi: np.ndarray, correct: np.ndarray, target: Target) -> tuple[float, int]:
-    """The tau meeting `target` on these queries and how many queries it keeps (MI <= tau).
+def select_threshold(
+    score: np.ndarray, correct: np.ndarray, target: Target
+) -> tuple[float, int]:
+    """The tau meeting `target` on these queries and how many queries it keeps (score <= tau).
 
-    Queries are kept from the most certain on; tau only falls between distinct MI values, so
+    Queries are kept from the most certain on; tau only falls between distinct values, so
     ties are kept or rejected together. When no tau meets a precision target, the most certain
     group alone is kept.
     """
-    order = np.argsort(mi, kind="stable")
-    sorted_mi, sorted_correct = mi[order], correct[order].astype(np.float64)
-    kept = np.arange(1, len(mi) + 1)
-    boundary = np.append(sorted_mi[1:] != sorted_mi[:-1], True)  # last query of each MI group
+    order = np.argsort(score, kind="stable")
+    sorted_score, sorted_correct = score[order], correct[order].astype(np.float64)
+    kept = np.arange(1, len(score) + 1)
+    boundary = np.append(sorted_score[1:] != sorted_score[:-1], True)  # last of each value group
     if target.coverage is not None:
-        eligible = boundary & (kept >= math.ceil(target.coverage * len(mi) - 1e-9))
+        eligible = boundary & (kept >= math.ceil(target.coverage * len(score) - 1e-9))
         count = int(kept[eligible][0])
     else:
         precision = np.cumsum(sorted_correct) / kept
         eligible = boundary & (precision >= target.precision - 1e-12)
         count = int(kept[eligible][-1]) if eligible.any() else int(kept[boundary][0])
-    return float(sorted_mi[count - 1]), count
+    return float(sorted_score[count - 1]), count
 
 
 class Judge:
@@ -119,7 +129,12 @@ def encode_queries(
     return encoder.encode_images(images, mc, seed)
 
 
-def query_mutual_information(
+def candidate_name(score: str, temperature: float) -> str:
+    """Key of a (score, T) candidate: T only for the scores that depend on it."""
+    return f"{score}@T{temperature:g}" if score in TEMPERATURE_SCORES else score
+
+
+def query_scores_by_candidate(
     version: IndexVersion,
     metric: str,
     embeddings: Embeddings,
@@ -127,15 +142,16 @@ def query_mutual_information(
     temperatures: Sequence[float],
     shortlist: int,
     device: torch.device,
-) -> tuple[np.ndarray, np.ndarray]:
-    """MI per (temperature, query) and R@1 correctness per query, as the service computes them.
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every (score, T) candidate's value per query, and plausible-P@1 correctness per query,
+    computed exactly as the service computes them (one query at a time).
 
     Returns:
-        mi: (T, Q) mutual information of each query at each temperature.
+        scores: candidate_name(score, T) -> (Q,) values.
         correct: (Q,) whether the top result is a plausible match.
     """
     _, rows = version.shortlist(metric, embeddings.mu, embeddings.logvar, shortlist)  # (Q, S)
-    mi = np.zeros((len(temperatures), len(rows)))
+    values: dict[str, np.ndarray] = {}
     correct = np.zeros(len(rows), dtype=bool)
     for q, candidate_rows in enumerate(tqdm(rows, desc=f"calibrate {metric}", unit="query")):
         ranked = exact_rerank(
@@ -143,22 +159,42 @@ def query_mutual_information(
             candidate_rows, shortlist, device,
         )  # fmt: skip
         correct[q] = judge(q, version.metadata([int(ranked.rows[0])])[0]["id"])
-        distances = draw_distances(
-            metric, ranked, embeddings.mc_mu[:, q], embeddings.mc_logvar[:, q]
-        )[:, None, :]  # (L, 1, M)
-        for t, temperature in enumerate(temperatures):
-            mi[t, q] = float(mutual_information(distances, temperature)[0])
-    return mi, correct
+        query = tuple(
+            torch.from_numpy(a[q : q + 1]).to(device) for a in (embeddings.mu, embeddings.logvar)
+        )
+        draws = tuple(
+            torch.from_numpy(a[:, q : q + 1]).to(device)
+            for a in (embeddings.mc_mu, embeddings.mc_logvar)
+        )
+        for temperature in temperatures:
+            scores = shortlist_scores(
+                metric, query, draws, (ranked.mu[None], ranked.logvar[None]), temperature
+            )
+            for name, value in scores.available().items():
+                key = candidate_name(name, temperature)
+                values.setdefault(key, np.zeros(len(rows)))[q] = value[0]
+    return values, correct
 
 
 def summarise(
-    metric: str, temperatures: Sequence[float], mi: np.ndarray, correct: np.ndarray, target: Target
+    metric: str,
+    temperatures: Sequence[float],
+    scores: dict[str, np.ndarray],
+    correct: np.ndarray,
+    target: Target,
 ) -> MetricCalibration:
-    """Pick T by AUPRC and tau by the target from the per-temperature MI of the queries."""
-    auprc = [precision_coverage(mi[t], correct).auprc for t in range(len(temperatures))]
-    best = int(np.argmax(auprc))
-    threshold, kept = select_threshold(mi[best], correct, target)
-    kept_mask = mi[best] <= threshold
+    """Pick the (score, T) with the best normalised AUPRC, and tau by the target."""
+    chance, best = random_rejection(correct).auprc, oracle_rejection(correct).auprc
+    quality = {
+        name: normalized_auprc(precision_coverage(values, correct).auprc, chance, best)
+        for name, values in scores.items()
+    }
+    ranked = [n for n in quality if not math.isnan(quality[n])] or list(quality)
+    chosen = max(ranked, key=lambda n: (quality[n], -ranked.index(n)))
+    score, _, t = chosen.partition("@T")
+    temperature = float(t) if t else float(temperatures[0])
+    threshold, kept = select_threshold(scores[chosen], correct, target)
+    kept_mask = scores[chosen] <= threshold
     kept_precision = float(correct[kept_mask].mean())
     met = (
         kept_precision >= target.precision - 1e-12
@@ -167,9 +203,10 @@ def summarise(
     )
     return MetricCalibration(
         metric=metric,
-        temperature=float(temperatures[best]),
+        score=score,
+        temperature=temperature,
         threshold=threshold,
-        auprc_by_temperature={str(t): float(a) for t, a in zip(temperatures, auprc, strict=True)},
+        normalized_auprc=quality,
         accuracy=float(correct.mean()),
         kept_fraction=kept / len(correct),
         kept_precision=kept_precision,
@@ -180,9 +217,10 @@ def summarise(
 
 def record(version_dir: Path, results: Sequence[MetricCalibration], data_dir: Path, split: str,
            target: Target, mc_samples: int) -> None:  # fmt: skip
-    """Write T and tau into the manifest and the evidence into calibration.json (checksummed)."""
+    """Write score, T and tau into the manifest and the evidence into calibration.json."""
     update_calibration(
-        version_dir, {r.metric: Calibration(r.temperature, r.threshold) for r in results}
+        version_dir,
+        {r.metric: Calibration(r.temperature, r.threshold, r.score) for r in results},
     )
     evidence = {
         "data": str(data_dir),
@@ -221,7 +259,7 @@ class CalibrationJob:
 def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
     """Calibrate T and tau for each metric of the version and record them in its manifest."""
     if job.mc_samples < 2:
-        raise CalibrationError("mutual information needs at least 2 MC draws (--mc-samples)")
+        raise CalibrationError("the draw-based scores need at least 2 MC draws (--mc-samples)")
     version = IndexVersion(job.version_dir)
     try:
         gallery = version.manifest.modality
@@ -240,13 +278,13 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
         encoder = OnnxEncoder(job.model_dir, "text" if gallery == "image" else "image", job.device)
         embeddings = encode_queries(encoder, queries, job.mc_samples, job.seed)
         judge = Judge(queries, dataset, gallery)
-        device = rerank_device(job.device)
+        device = compute_device(job.device)
         results = []
         for metric in metrics:
-            mi, correct = query_mutual_information(
+            scores, correct = query_scores_by_candidate(
                 version, metric, embeddings, judge, job.temperatures, job.shortlist, device
             )
-            results.append(summarise(metric, job.temperatures, mi, correct, job.target))
+            results.append(summarise(metric, job.temperatures, scores, correct, job.target))
     finally:
         version.close()
     record(job.version_dir, results, job.data_dir, job.split, job.target, job.mc_samples)

@@ -1,0 +1,124 @@
+"""Every uncertainty score of a query, computed in one place (DESIGN section 3).
+
+Evaluation, calibration and the service all call `query_scores`, so a query with the same
+embedding, draws and shortlist gets the same scores everywhere. Larger always means less sure:
+
+- log_det: sum ln sigma^2 of the query; entropy: the Gaussian's differential entropy.
+- feature_uncertainty: sum over dims of the variance of mu across the MC draws.
+- mutual_information (MI): H(mean_l p_l) - mean_l H(p_l) of the retrieval posteriors
+  p_l = softmax(-d_l / T) of the draws over the shortlist: the draws disagree.
+- posterior_entropy: H(mean_l p_l), or H(p) of the deterministic posterior without draws: many
+  candidates are about equally good (an ambiguous query), which MI does not see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.scoring.rerank import draw_distances
+from models.uncertainty import (
+    entropy,
+    feature_uncertainty,
+    log_det,
+    mutual_information,
+    retrieval_posterior,
+)
+
+SCORE_NAMES: tuple[str, ...] = (
+    "log_det",
+    "entropy",
+    "feature_uncertainty",
+    "mutual_information",
+    "posterior_entropy",
+)
+TEMPERATURE_SCORES: tuple[str, ...] = ("mutual_information", "posterior_entropy")
+DRAW_SCORES: tuple[str, ...] = ("feature_uncertainty", "mutual_information")
+
+
+@dataclass
+class QueryScores:
+    """Scores of Q queries, each (Q,) float64; the draw scores are None without >= 1 draw.
+
+    `posterior` (Q, M) is the deterministic retrieval posterior softmax(-d / T) over each
+    query's shortlist: the `score` of each result.
+    """
+
+    log_det: np.ndarray
+    entropy: np.ndarray
+    feature_uncertainty: np.ndarray | None
+    mutual_information: np.ndarray | None
+    posterior_entropy: np.ndarray
+    posterior: np.ndarray
+
+    def get(self, name: str) -> np.ndarray | None:
+        """The (Q,) values of one score by name (SCORE_NAMES)."""
+        if name not in SCORE_NAMES:
+            raise ValueError(f"unknown score {name!r}; choose one of {', '.join(SCORE_NAMES)}")
+        return getattr(self, name)
+
+    def available(self) -> dict[str, np.ndarray]:
+        """name -> (Q,) values of every score that could be computed."""
+        return {n: v for n in SCORE_NAMES if (v := self.get(n)) is not None}
+
+
+def shortlist_scores(
+    metric: str,
+    query: tuple[torch.Tensor, torch.Tensor],
+    draws: tuple[torch.Tensor, torch.Tensor] | None,
+    candidates: tuple[torch.Tensor, torch.Tensor],
+    temperature: float,
+) -> QueryScores:
+    """query_scores of Q queries from their embeddings and shortlists.
+
+    query: (mu, logvar) (Q, D); draws: (mc_mu, mc_logvar) (L, Q, D) or None; candidates:
+    (mu, logvar) (Q, M, D) of each query's shortlist, in its order.
+    """
+    mu, logvar = query
+    distances = draw_distances(metric, mu[None], logvar[None], *candidates)[0]  # (Q, M)
+    if draws is None or draws[0].shape[0] == 0:
+        return query_scores(logvar, distances, temperature)
+    mc_distances = draw_distances(metric, *draws, *candidates)  # (L, Q, M)
+    return query_scores(logvar, distances, temperature, draws[0], mc_distances)
+
+
+def _entropy_of(p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) over the last dim, 0 * ln 0 = 0."""
+    return -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(dim=-1)
+
+
+def query_scores(
+    logvar: torch.Tensor,
+    distances: torch.Tensor,
+    temperature: float,
+    mc_mu: torch.Tensor | None = None,
+    mc_distances: torch.Tensor | None = None,
+) -> QueryScores:
+    """Scores of Q queries over their shortlists.
+
+    Args:
+        logvar: (Q, D) the queries' deterministic log-variances.
+        distances: (Q, M) deterministic distances to each query's M shortlisted candidates
+            (+inf marks padding).
+        temperature: T of the retrieval posterior.
+        mc_mu: (L, Q, D) means of the L MC draws, or None.
+        mc_distances: (L, Q, M) distances of each draw to the same candidates, or None.
+    """
+    distances = distances.double()
+    posterior = retrieval_posterior(distances, temperature)  # (Q, M)
+    feature = mi = None
+    mean_posterior = posterior
+    if mc_mu is not None and mc_distances is not None and mc_mu.shape[0] > 0:
+        feature = feature_uncertainty(mc_mu.double()).cpu().numpy()
+        mi = mutual_information(mc_distances.double(), temperature).cpu().numpy()
+        mean_posterior = retrieval_posterior(mc_distances.double(), temperature).mean(dim=0)
+    return QueryScores(
+        log_det=log_det(logvar.double()).cpu().numpy(),
+        entropy=entropy(logvar.double()).cpu().numpy(),
+        feature_uncertainty=feature,
+        mutual_information=mi,
+        posterior_entropy=_entropy_of(mean_posterior).cpu().numpy(),
+        posterior=posterior.cpu().numpy(),
+    )
