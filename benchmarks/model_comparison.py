@@ -1,13 +1,16 @@
-"""Model comparison: train vse, gcie (w2, kl, min_kl), gce and gie on one shapes dataset and
-write docs/results.md (every metric of `probsearch eval`, test split) and docs/img/rejection.png.
+"""Model comparison: train every model of RUNS with several seeds on one shapes dataset and write
+docs/results.md (mean ± sd over the seeds of every figure of `probsearch eval`) and
+docs/img/rejection.png.
 
     .venv/bin/python benchmarks/model_comparison.py                  # the documented run
-    .venv/bin/python benchmarks/model_comparison.py --images 300 --epochs 1 --work-dir /tmp/mc
+    .venv/bin/python benchmarks/model_comparison.py --images 200 --epochs 1 --seeds 0,1 \
+        --runs vse,pcmepp --work-dir /tmp/mc --doc /tmp/mc/results.md --img-dir /tmp/mc/img
 
-Dataset and trained models are kept in --work-dir and reused when their settings match, so a
-rerun re-evaluates and re-renders only. Everything is seeded: training (models.train), MC draws
-and tie-breaking (models.evaluate). The MI temperature is picked per model and direction on the
-val split (best R@1 AUPRC) and applied to the test split, as `probsearch calibrate` does.
+Data, photographs and trained models are kept in --work-dir and reused when their settings match
+(a small JSON beside each records them), so a rerun re-evaluates and re-renders only. Each model
+is evaluated on val and test; the temperature of each temperature-dependent score and the reject
+score are chosen on val (best normalised AUPRC, as `probsearch calibrate` does) and read on
+test. Nothing is tuned on test. A difference no larger than the larger sd is "no difference".
 """
 
 from __future__ import annotations
@@ -15,104 +18,280 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
+import os
+import platform
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.datasets.photos import write_photos
 from models.datasets.shapes import generate_shapes
 from models.evaluate import EvalConfig, evaluate_model
 from models.evaluation_report import write_report
 from models.model_config import ModelConfig, TrainConfig
-from models.train import HISTORY_FILE, train
-
-ROOT = Path(__file__).resolve().parents[1]
-COMMAND = ".venv/bin/python benchmarks/model_comparison.py"
-DIRECTIONS = ("i2t", "t2i")
-UNCERTAINTIES = ("mi", "log_det", "feature_uncertainty")  # "mi" = MI at the val-chosen T
-LABELS = {"mi": "MI", "log_det": "log-det", "feature_uncertainty": "feat.", "random": "random"}
-RETRIEVAL = {"R@1": "R@1", "R@5": "R@5", "R@10": "R@10", "rsum": "rsum", "median_rank": "med r"}
-RETRIEVAL |= {"r_precision": "R-P", "pmrp": "PMRP"}
+from models.train import train
 
 
 @dataclass(frozen=True)
 class Run:
-    """One trained model: type, training similarity, the metric it is ranked with, and other
-    metrics it is also ranked with (reported separately)."""
+    """One model of the comparison: ModelConfig and TrainConfig overrides, the metric it is
+    ranked with, and other metrics it is also ranked with (reported separately)."""
 
     name: str
-    model_type: str
-    train_metric: str
-    metric: str
+    model: dict[str, Any]
+    training: dict[str, Any] = field(default_factory=dict)
+    metric: str = "w2"
     extra: tuple[str, ...] = ()
 
 
+# The models compared: name, ModelConfig overrides, TrainConfig overrides, the metric it is
+# ranked with, other metrics it is also ranked with. Every run gets the same data, seeds and budget.
+# fmt: off
 RUNS: tuple[Run, ...] = (
-    Run("vse", "vse", "cosine", "w2"),  # w2 on unit points with one constant variance = cosine
-    Run("gcie-w2", "gcie", "w2", "w2", ("kl", "min_kl")),  # the demo's model and metrics
-    Run("gcie-kl", "gcie", "kl", "kl", ("kl_reverse",)),  # kl_reverse: see "How to read this"
-    Run("gcie-min_kl", "gcie", "min_kl", "min_kl"),
-    Run("gce", "gce", "mahalanobis", "mahalanobis"),
-    Run("gie", "gie", "mahalanobis", "mahalanobis"),
+    Run("vse", {"model_type": "vse"}, {}, "w2"),  # w2 on unit points, one variance = cosine
+    Run("gcie-w2", {"model_type": "gcie", "metric": "w2"}, {}, "w2"),
+    Run("gcie-kl", {"model_type": "gcie", "metric": "kl"}, {}, "kl"),
+    Run("pcme", {"model_type": "gcie", "metric": "match_prob"},
+        {"objective": "pcme", "vib_beta": 1e-4}, "w2", ("match_prob",)),
+    Run("pcmepp", {"model_type": "gcie", "metric": "csd"},
+        {"objective": "pcmepp", "vib_beta": 1e-4}, "csd"),
+    Run("gce", {"model_type": "gce", "metric": "mahalanobis"}, {}, "mahalanobis"),
+    Run("gie", {"model_type": "gie", "metric": "mahalanobis"}, {}, "mahalanobis"),
 )
-BASELINE, PLOT_RUN = "vse", "gcie-w2"
+# fmt: on
+BASELINE = "vse"
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = ".venv/bin/python benchmarks/model_comparison.py"
+DIRECTIONS = ("i2t", "t2i")
+SCORES = ("log_det", "entropy", "feature_uncertainty", "mutual_information", "posterior_entropy")
+LABELS = {
+    "log_det": "log-det",
+    "entropy": "entropy",
+    "feature_uncertainty": "feat. unc.",
+    "mutual_information": "MI",
+    "posterior_entropy": "post. entropy",
+}
+RETRIEVAL = {"P@1": "P@1", "r_precision": "R-P", "pmrp": "PMRP", "R@1": "R@1"}
+RETRIEVAL |= {"R@1_ceiling": "R@1 ceiling", "R@5": "R@5", "R@10": "R@10"}
+COMPARED = ("P@1", "r_precision", "pmrp")  # the figures of the findings
+
+Figures = dict[str, float]  # one seed's figures, by key "<section>/<direction>/<name>"
+Choices = dict[str, str]  # one seed's val choices: "<direction>/<score>" -> chosen name
 
 
-def prepare_data(work: Path, images: int, seed: int, timings: dict) -> Path:
-    """The shapes dataset in work/data, generated unless one with these settings is there."""
-    data, started = work / "data", time.perf_counter()
-    meta = data / "dataset.json"
-    if meta.is_file():
-        saved = json.loads(meta.read_text())
-        if saved.get("num_images") == images and saved.get("seed") == seed:
-            return data
-    shutil.rmtree(work / "models", ignore_errors=True)  # trained on other data
-    generate_shapes(data, images, seed, overwrite=True, progress=True)
-    timings.clear()
-    timings["data"] = time.perf_counter() - started
-    return data
+# ---- data, photographs and models, reused when their settings match ----------------------
 
 
-def train_run(run: Run, data: Path, work: Path, epochs: int, seed: int, timings: dict) -> Path:
-    """Train one model into work/models/<name>, or reuse a finished run with the same budget."""
-    out, started = work / "models" / run.name, time.perf_counter()
-    history = out / HISTORY_FILE
-    if history.is_file() and (out / "text_encoder.onnx").is_file():
-        training = ModelConfig.load(out).training
-        done = len(json.loads(history.read_text())) == epochs
-        if done and training.get("seed") == seed and training.get("data") == str(data):
-            return out
+def reusable(marker: Path, settings: dict) -> dict | None:
+    """The result saved in `marker` when it was written with these settings, else None."""
+    if not marker.is_file():
+        return None
+    saved = json.loads(marker.read_text())
+    return saved.get("result") if saved.get("settings") == settings else None
+
+
+def save_marker(marker: Path, settings: dict, result: dict) -> None:
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"settings": settings, "result": result}, indent=1) + "\n")
+
+
+def prepare_data(work: Path, images: int, seed: int) -> tuple[Path, float]:
+    """The shapes dataset in work/data and the seconds it took to generate."""
+    data, marker = work / "data", work / "data.settings.json"
+    settings = {"images": images, "seed": seed}
+    if (saved := reusable(marker, settings)) is not None and (data / "dataset.json").is_file():
+        return data, saved["seconds"]
+    started = time.perf_counter()
+    generate_shapes(data, images, seed, overwrite=True, progress=False)
+    seconds = time.perf_counter() - started
+    save_marker(marker, settings, {"seconds": seconds})
+    return data, seconds
+
+
+def prepare_photos(work: Path) -> Path:
+    """Real photographs (models.datasets.photos) in work/photos, the OOD image queries."""
+    photos = work / "photos"
+    if not any(photos.glob("*.png")):
+        write_photos(photos)
+    return photos
+
+
+def train_run(run: Run, data: Path, work: Path, args: argparse.Namespace, seed: int) -> dict:
+    """Train one model and seed into work/models/<name>/seed<seed>, or reuse it when trained
+    with the same settings. Returns {"dir", "seconds", "best_epoch", "epochs_run", "reused"}."""
+    out = work / "models" / run.name / f"seed{seed}"
+    marker = out / "comparison.json"
+    settings = {
+        "model": run.model,
+        "training": {**run.training, "epochs": args.epochs, "seed": seed},
+        "data": {"images": args.images, "seed": args.data_seed},
+    }
+    saved = reusable(marker, settings)
+    if saved is not None and (out / "text_encoder.onnx").is_file():
+        return {**saved, "dir": str(out), "reused": True}
     shutil.rmtree(out, ignore_errors=True)
-    model = ModelConfig(model_type=run.model_type, metric=run.train_metric)
-    train(data, out, model, TrainConfig(epochs=epochs, seed=seed), progress=False, log=print)
-    timings[run.name] = time.perf_counter() - started
-    return out
+    print(f"training {run.name} seed {seed}", flush=True)
+    started = time.perf_counter()
+    result = train(
+        data,
+        out,
+        ModelConfig(**run.model),
+        TrainConfig(**settings["training"]),
+        progress=False,
+        log=lambda line: print(f"  {run.name} s{seed} {line}", flush=True),
+    )
+    saved = {
+        "seconds": time.perf_counter() - started,
+        "best_epoch": result.best_epoch,
+        "epochs_run": len(result.history),
+    }
+    save_marker(marker, settings, saved)
+    return {**saved, "dir": str(out), "reused": False}
 
 
-def evaluate_run(run: Run, model_dir: Path, data: Path, work: Path, seed: int) -> dict:
-    """Test-split report of one model; report["mi"][direction] names the MI method whose
-    temperature had the best R@1 AUPRC on val. The full report goes to work/reports/<name>."""
-    config = EvalConfig(metrics=(run.metric, *run.extra), seed=seed)
-    val = evaluate_model(model_dir, data, "val", config)["metrics"][run.metric]
-    report = evaluate_model(model_dir, data, "test", config)
-    write_report(report, work / "reports" / run.name)
-    mi = {d: [m for m in val[d]["rejection"] if m.startswith("mi_")] for d in DIRECTIONS}
-    auprc = {d: {m: val[d]["rejection"][m]["R@1"]["auprc"] for m in mi[d]} for d in DIRECTIONS}
-    report["mi"] = {d: max(mi[d], key=auprc[d].__getitem__) for d in DIRECTIONS}
-    return report
+# ---- choices on val, figures on test -------------------------------------------------------
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None or value != value else f"{value:.{digits}f}"
+def best_by_val(names: Iterable[str], val_rejection: dict) -> str:
+    """The name with the best val normalised AUPRC (NaN last, ties to the first), as
+    indexer.calibration.summarise chooses."""
+    names = list(names)
+    quality = {n: val_rejection[n]["normalized_auprc"] for n in names}
+    ranked = [n for n in names if not math.isnan(quality[n])] or names
+    return max(ranked, key=lambda n: (quality[n], -ranked.index(n)))
+
+
+def val_choices(val: dict, metric: str) -> Choices:
+    """Per direction: the val-chosen name ("<score>@T<t>" or "<score>") of each score, and the
+    reject score ("reject"): the score@T with the best val normalised AUPRC."""
+    choices: Choices = {}
+    for d in DIRECTIONS:
+        rejection = val["metrics"][metric][d]["rejection"]
+        names = [n for n in rejection if n not in ("random", "oracle")]
+        for score in SCORES:
+            variants = [n for n in names if n == score or n.startswith(f"{score}@T")]
+            if variants:
+                choices[f"{d}/{score}"] = best_by_val(variants, rejection)
+        choices[f"{d}/reject"] = best_by_val(names, rejection)
+    return choices
+
+
+def retrieval_figures(test: dict, metric: str, section: str) -> Figures:
+    return {
+        f"{section}/{d}/{key}": test["metrics"][metric][d]["retrieval"].get(key, math.nan)
+        for d in DIRECTIONS
+        for key in RETRIEVAL
+    }
+
+
+def uncertainty_figures(test: dict, metric: str, choices: Choices) -> Figures:
+    """Test normalised AUPRC and Spearman with ambiguity of each val-chosen score; OOD AUROC
+    of the image-query scores chosen on val i2t."""
+    figures: Figures = {}
+    ood = test["metrics"][metric].get("ood", {}).get("auroc", {})
+    for key, name in choices.items():
+        d, score = key.split("/")
+        section = test["metrics"][metric][d]
+        figures[f"nauprc/{d}/{score}"] = section["rejection"][name]["normalized_auprc"]
+        figures[f"spearman/{d}/{score}"] = section["ambiguity_spearman"].get(name, math.nan)
+        if d == "i2t":
+            figures[f"ood/i2t/{score}"] = ood.get(name, math.nan)
+    return figures
+
+
+def health_figures(test: dict, metric: str) -> Figures:
+    """Crop log-det ordering and selection accuracy; variance at a bound, log-det per gallery."""
+    crop = test["crop"]
+    figures: Figures = {"crop/-/tuples": crop.get("tuples", math.nan)}
+    for modality in ("image", "text"):
+        ordering = crop.get("log_det", {}).get(modality, {}).get("a_larger", math.nan)
+        figures[f"crop/{modality}/a_larger"] = 100.0 * ordering
+        gallery = test["log_det"][modality]
+        figures[f"health/{modality}/at_bound"] = 100.0 * gallery["at_bound"]
+        figures[f"health/{modality}/mean"] = gallery["mean"]
+        figures[f"health/{modality}/std"] = gallery["std"]
+    for d, part in itertools.product(DIRECTIONS, ("part_a", "union")):
+        accuracy = crop.get("metrics", {}).get(metric, {}).get(d, {}).get(part, math.nan)
+        figures[f"crop/{d}/{part}"] = accuracy
+    return figures
+
+
+@dataclass
+class SeedResult:
+    """One model and seed: its figures, val choices, test report and training record."""
+
+    figures: Figures
+    choices: Choices
+    test: dict
+    training: dict
+
+
+def evaluate_run(
+    run: Run, trained: dict, data: Path, photos: Path, work: Path, seed: int
+) -> SeedResult:
+    """Evaluate one model on val and test; write the test report to work/reports/."""
+    config = EvalConfig(metrics=(run.metric, *run.extra), seed=seed, ood_dir=str(photos))
+    print(f"evaluating {run.name} seed {seed}", flush=True)
+    val = evaluate_model(trained["dir"], data, "val", config)
+    test = evaluate_model(trained["dir"], data, "test", config)
+    write_report(test, work / "reports" / run.name / f"seed{seed}")
+    choices = val_choices(val, run.metric)
+    figures = retrieval_figures(test, run.metric, "retrieval")
+    for metric in run.extra:
+        figures |= retrieval_figures(test, metric, f"extra-{metric}")
+    figures |= uncertainty_figures(test, run.metric, choices)
+    figures |= health_figures(test, run.metric)
+    figures["training/-/best_epoch"] = trained["best_epoch"]
+    figures["training/-/epochs_run"] = trained["epochs_run"]
+    figures["training/-/minutes"] = trained["seconds"] / 60
+    return SeedResult(figures, choices, test, trained)
+
+
+# ---- aggregation and formatting ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample sd (ddof=1) of one figure over the seeds with a finite value."""
+
+    mean: float
+    sd: float
+    n: int
+    seeds: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Stat:
+        finite = np.array([v for v in values if v is not None and math.isfinite(v)], float)
+        mean = float(finite.mean()) if finite.size else math.nan
+        sd = float(finite.std(ddof=1)) if finite.size > 1 else math.nan
+        return cls(mean, sd, int(finite.size), len(values))
+
+    def text(self, digits: int = 1) -> str:
+        if self.n == 0:
+            return "n/a"
+        out = f"{self.mean:.{digits}f}"
+        out += f" ± {self.sd:.{digits}f}" if self.n > 1 else " (one seed)"
+        return out + (f" ({self.n} of {self.seeds} seeds)" if self.n < self.seeds else "")
+
+
+def aggregate(results: list[SeedResult]) -> dict[str, Stat]:
+    keys = dict.fromkeys(k for r in results for k in r.figures)
+    return {k: Stat.of([r.figures.get(k, math.nan) for r in results]) for k in keys}
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -120,153 +299,208 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [*lines, *("| " + " | ".join(row) + " |" for row in rows), ""]
 
 
-def rejection_of(report: dict, metric: str, d: str, method: str) -> dict:
-    """The rejection entry of one uncertainty method ("mi" = the val-chosen temperature)."""
-    name = report["mi"][d] if method == "mi" else method
-    return report["metrics"][metric][d]["rejection"][name]
+def chosen_names(results: list[SeedResult], key: str) -> str:
+    """The val choices of one score over the seeds, e.g. "T 0.1, 0.1, 1"."""
+    names = [r.choices.get(key, "-") for r in results]
+    if all("@T" in n for n in names):
+        return "T " + ", ".join(n.split("@T")[1] for n in names)
+    return ", ".join(short_score(n) for n in names)
 
 
-def retrieval_rows(reports: dict[str, dict], extra: bool) -> list[list[str]]:
-    rows = []
-    for run in RUNS:
-        for metric in run.extra if extra else (run.metric,):
-            result = reports[run.name]["metrics"][metric]
-            cells = [run.name, "w2 (= cosine)" if run.name == BASELINE else metric]
-            for key in RETRIEVAL:
-                cells += [fmt(result[d]["retrieval"][key]) for d in DIRECTIONS]
-            rows.append(cells)
-    return rows
+def short_score(name: str) -> str:
+    score, _, t = name.partition("@T")
+    return LABELS.get(score, score) + (f"@T{t}" if t else "")
 
 
-def rejection_rows(reports: dict[str, dict]) -> list[list[str]]:
-    rows = []
-    for run, d in ((run, d) for run in RUNS for d in DIRECTIONS):
-        report = reports[run.name]
-        cells = [run.name, d, report["mi"][d].removeprefix("mi_T")]
-        for at in ("R@1", "R@10"):
-            cells += [
-                fmt(rejection_of(report, run.metric, d, m)[at]["auprc"], 3)
-                for m in ("random", *UNCERTAINTIES)
+Stats = dict[str, dict[str, Stat]]  # run name -> figure key -> Stat
+Results = dict[str, list[SeedResult]]  # run name -> one result per seed
+
+
+# ---- the sections of docs/results.md -------------------------------------------------------
+
+
+def retrieval_section(runs: list[Run], stats: Stats) -> list[str]:
+    lines = []
+    for d in DIRECTIONS:
+        rows = [
+            [
+                run.name,
+                run.metric,
+                *(stats[run.name][f"retrieval/{d}/{k}"].text() for k in RETRIEVAL),
             ]
-        for method in UNCERTAINTIES:
-            accuracy = rejection_of(report, run.metric, d, method)["deciles"]["accuracy"]
-            cells += [fmt(100 * accuracy[0]), fmt(100 * accuracy[-1])]
-        rows.append(cells)
-    return rows
-
-
-def crop_rows(reports: dict[str, dict]) -> list[list[str]]:
-    rows = []
-    for run in RUNS:
-        crop, gallery = reports[run.name]["crop"], reports[run.name]["log_det"]
-        accuracy, log_det = crop["metrics"][run.metric], crop["mean_log_det"]
-        cells = [run.name, str(crop["tuples"])]
-        cells += [fmt(accuracy[d][part]) for d in DIRECTIONS for part in ("part_a", "union")]
-        cells += [fmt(log_det[m][p], 2) for m in ("image", "text") for p in ("part_a", "union")]
-        cells += [f"{fmt(gallery[m]['mean'], 2)} ± {fmt(gallery[m]['std'], 2)}" for m in log_det]
-        rows.append(cells)
-    return rows
-
-
-def findings(reports: dict[str, dict]) -> list[str]:
-    """Where each Gaussian model is below the point baseline, read off the numbers."""
-    base = reports[BASELINE]["metrics"]["w2"]
-    winners = [
-        r.name for r in RUNS[1:] if reports[r.name]["metrics"][r.metric]["rsum"] > base["rsum"]
-    ]
-    lines = [
-        f"- In short: {len(winners)} of {len(RUNS) - 1} Gaussian models beat the point baseline "
-        f"on total rsum ({', '.join(winners) or 'none'}); the others do not."
-    ]
-    for run in RUNS[1:]:
-        result = reports[run.name]["metrics"][run.metric]
-        below = [
-            f"{RETRIEVAL[key]} {d} {fmt(result[d]['retrieval'][key])} vs "
-            f"{fmt(base[d]['retrieval'][key])}"
-            for key in ("R@1", "rsum", "r_precision", "pmrp")
-            for d in DIRECTIONS
-            if result[d]["retrieval"][key] < base[d]["retrieval"][key]
+            for run in runs
         ]
-        verdict = "does NOT beat" if result["rsum"] <= base["rsum"] else "beats"
-        tail = f" Below vse on: {', '.join(below)}." if below else " Not below vse anywhere."
-        lines.append(
-            f"- {run.name} {verdict} vse on total rsum ({fmt(result['rsum'])} vs "
-            f"{fmt(base['rsum'])}).{tail}"
-        )
-    for run in (run for run in RUNS if run.extra):
-        own = reports[run.name]["metrics"][run.metric]
-        for metric in run.extra:
-            other = reports[run.name]["metrics"][metric]
-            rsums = ", ".join(
-                f"{d} {fmt(other[d]['retrieval']['rsum'])} vs {fmt(own[d]['retrieval']['rsum'])}"
-                for d in DIRECTIONS
-            )
-            lines.append(
-                f"- {run.name} ranked with {metric} instead of {run.metric}: rsum {rsums}."
-            )
-    return lines + uncertainty_findings(reports)
-
-
-def uncertainty_findings(reports: dict[str, dict]) -> list[str]:
-    """Rejection against random (R@1 and R@10 AUPRC), crop log-det, spread of the log-det."""
-    lines = [rejection_finding(reports, m, at) for m in UNCERTAINTIES for at in ("R@1", "R@10")]
-    text = {r.name: reports[r.name]["crop"]["mean_log_det"]["text"] for r in RUNS[1:]}
-    gaps = {name: v["part_a"] - v["union"] for name, v in text.items() if v["part_a"] != 0}
-    lines.append(
-        '- Crop: the less specific caption "A" gets a larger log-det than "A and B" in: '
-        + (", ".join(f"{n} ({g:+.2f})" for n, g in gaps.items() if g > 0) or "none")
-        + "; not in: "
-        + (", ".join(f"{n} ({g:+.2f})" for n, g in gaps.items() if g <= 0) or "none")
-        + "."
-    )
-    spreads = [
-        f"{run.name} {modality} {fmt(reports[run.name]['log_det'][modality]['std'], 2)}"
-        for run in RUNS[1:]
-        for modality in ("image", "text")
-        if reports[run.name]["log_det"][modality]["std"] > 0
-    ]
-    lines.append(
-        f"- Spread (std) of the learned log-det over the test items: {', '.join(spreads)}."
-    )
+        lines += [f"### {d}", "", *table(["model", "metric", *RETRIEVAL.values()], rows)]
+    extra = [(run, m) for run in runs for m in run.extra]
+    if extra:
+        lines += ["### The same models ranked with their other metrics", ""]
+        header = ["model", "metric", *(f"{RETRIEVAL[k]} {d}" for d in DIRECTIONS for k in COMPARED)]
+        rows = [
+            [
+                run.name,
+                m,
+                *(
+                    stats[run.name][f"extra-{m}/{d}/{k}"].text()
+                    for d in DIRECTIONS
+                    for k in COMPARED
+                ),
+            ]
+            for run, m in extra
+        ]
+        lines += table(header, rows)
     return lines
 
 
-def rejection_finding(reports: dict[str, dict], method: str, at: str) -> str:
-    """How often rejecting by `method` beats random on the AUPRC of `at`; the ties and losses."""
-    gains = {}
-    for run, d in ((run, d) for run in RUNS for d in DIRECTIONS):
-        chance = reports[run.name]["metrics"][run.metric][d]["rejection"]["random"]
-        auprc = rejection_of(reports[run.name], run.metric, d, method)[at]["auprc"]
-        gains[f"{run.name} {d}"] = auprc - chance[at]["auprc"]
-    ties = [name for name, gain in gains.items() if abs(gain) < 1e-9]
-    losses = [f"{name} ({gain:+.3f})" for name, gain in gains.items() if gain <= -1e-9]
-    wins = len(gains) - len(ties) - len(losses)
+def uncertainty_section(runs: list[Run], stats: Stats, results: Results) -> list[str]:
+    lines = []
+    for d in DIRECTIONS:
+        header = ["model", *(LABELS[s] for s in SCORES), "reject score (val-chosen)", "its nAUPRC"]
+        rows = []
+        for run in runs:
+            cells = [run.name]
+            for score in SCORES:
+                cell = stats[run.name][f"nauprc/{d}/{score}"].text(3)
+                if score in ("mutual_information", "posterior_entropy"):
+                    cell += f" [{chosen_names(results[run.name], f'{d}/{score}')}]"
+                cells.append(cell)
+            cells.append(chosen_names(results[run.name], f"{d}/reject"))
+            cells.append(stats[run.name][f"nauprc/{d}/reject"].text(3))
+            rows.append(cells)
+        lines += [f"### {d}: normalised AUPRC on test", "", *table(header, rows)]
+        header = ["model", *(LABELS[s] for s in SCORES), "reject score"]
+        rows = [
+            [run.name, *(stats[run.name][f"spearman/{d}/{s}"].text(2) for s in (*SCORES, "reject"))]
+            for run in runs
+        ]
+        lines += [f"### {d}: Spearman with ln(#plausible matches), test", "", *table(header, rows)]
+    return lines
+
+
+def ood_section(runs: list[Run], stats: Stats, photos: int) -> list[str]:
+    header = ["model", *(LABELS[s] for s in SCORES), "reject score (val-chosen, i2t)"]
+    rows = [
+        [run.name, *(stats[run.name][f"ood/i2t/{s}"].text(3) for s in (*SCORES, "reject"))]
+        for run in runs
+    ]
+    intro = (
+        f"AUROC of each image-query score for telling {photos} real photographs from the shapes "
+        "test images (1 = every photograph more uncertain than every shapes image, 0.5 = chance); "
+        "temperatures and the reject score as chosen on val i2t."
+    )
+    return [intro, "", *table(header, rows)]
+
+
+def crop_section(runs: list[Run], stats: Stats) -> list[str]:
+    header = ["model", "tuples", "text: A larger %", "image: A larger %"]
+    header += [f"{d} {p}" for d in DIRECTIONS for p in ("A", "A+B")]
+    rows = []
+    for run in runs:
+        s = stats[run.name]
+        cells = [run.name, s["crop/-/tuples"].text(0)]
+        cells += [s[f"crop/{m}/a_larger"].text() for m in ("text", "image")]
+        cells += [s[f"crop/{d}/{p}"].text() for d in DIRECTIONS for p in ("part_a", "union")]
+        rows.append(cells)
+    return table(header, rows)
+
+
+def health_section(runs: list[Run], stats: Stats) -> list[str]:
+    header = ["model", "images at bound %", "captions at bound %"]
+    header += ["log-det images", "(item sd)", "log-det captions", "(item sd)"]
+    rows = []
+    for run in runs:
+        s = stats[run.name]
+        cells = [run.name, s["health/image/at_bound"].text(), s["health/text/at_bound"].text()]
+        for m in ("image", "text"):
+            cells += [s[f"health/{m}/mean"].text(2), s[f"health/{m}/std"].text(2)]
+        rows.append(cells)
+    return table(header, rows)
+
+
+def verdict(model: Stat, base: Stat) -> str:
+    """ "ahead by X", "behind by X" or "no difference": |difference| <= the larger sd."""
+    if model.n < 2 or base.n < 2:
+        return "not judged (needs 2+ seeds)"
+    difference = model.mean - base.mean
+    spread = max(model.sd, base.sd)
+    if abs(difference) <= spread:
+        return f"no difference ({difference:+.1f}, spread {spread:.1f})"
     return (
-        f"- Rejecting by {LABELS[method]} beats random on {at} AUPRC in {wins} of {len(gains)} "
-        f"model-directions; worse in: {', '.join(losses) or 'none'}"
-        + (f"; equal in: {', '.join(ties)}." if ties else ".")
+        f"{'ahead' if difference > 0 else 'behind'} by {abs(difference):.1f} (spread {spread:.1f})"
     )
 
 
-def plot_rejection(reports: dict[str, dict], path: Path) -> None:
-    """Precision of R@1 and R@10 against the fraction of queries kept (test split): PLOT_RUN
-    with every uncertainty (solid), vse with MI (dotted), each with its random level."""
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for (row, at), (col, d) in itertools.product(enumerate(("R@1", "R@10")), enumerate(DIRECTIONS)):
-        ax = axes[row, col]
-        for name, style, methods in (
-            (PLOT_RUN, "-", (*UNCERTAINTIES, "random")),
-            (BASELINE, ":", ("mi", "random")),
-        ):
-            report = reports[name]
-            metric = next(run.metric for run in RUNS if run.name == name)
-            for method in methods:
-                curve = rejection_of(report, metric, d, method)[at]
-                label = LABELS[method] + (f" T={report['mi'][d][4:]}" if method == "mi" else "")
-                label = f"{name} {label} (AUPRC {curve['auprc']:.3f})"
-                ax.plot(curve["coverage"], curve["precision"], style, label=label)
-        ax.set(title=f"{d}: precision of {at}", xlabel="fraction of queries kept")
-        ax.set(ylabel="precision")
+def findings(runs: list[Run], stats: Stats) -> list[str]:
+    """Each Gaussian model against the point baseline on P@1, R-P and PMRP, per direction."""
+    if BASELINE not in stats:
+        return [f"- {BASELINE} was not run: no comparison with the point baseline."]
+    lines = []
+    base = stats[BASELINE]
+    for run in (r for r in runs if r.name != BASELINE):
+        parts = []
+        for d, key in itertools.product(DIRECTIONS, COMPARED):
+            figure = f"retrieval/{d}/{key}"
+            model, point = stats[run.name][figure], base[figure]
+            parts.append(
+                f"{RETRIEVAL[key]} {d} {model.text()} vs {point.text()}: {verdict(model, point)}"
+            )
+        lines.append(f"- {run.name} vs {BASELINE}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def training_section(runs: list[Run], stats: Stats, results: Results) -> list[str]:
+    header = ["model", "ModelConfig", "TrainConfig", "best epoch", "epochs run", "training min"]
+    rows = []
+    for run in runs:
+        s = stats[run.name]
+        reused = sum(r.training["reused"] for r in results[run.name])
+        minutes = s["training/-/minutes"].text() + (f" ({reused} reused)" if reused else "")
+        model = ", ".join(f"{k}={v}" for k, v in run.model.items())
+        training = ", ".join(f"{k}={v}" for k, v in run.training.items()) or "defaults"
+        cells = [
+            run.name,
+            model,
+            training,
+            s["training/-/best_epoch"].text(),
+            s["training/-/epochs_run"].text(),
+            minutes,
+        ]
+        rows.append(cells)
+    return table(header, rows)
+
+
+# ---- the rejection plot --------------------------------------------------------------------
+
+
+def plot_run(runs: list[Run], stats: Stats) -> Run:
+    """The probabilistic run with the best mean test PMRP (both directions)."""
+    candidates = [r for r in runs if r.name != BASELINE] or runs
+
+    def pmrp(run: Run) -> float:
+        value = np.mean([stats[run.name][f"retrieval/{d}/pmrp"].mean for d in DIRECTIONS])
+        return float(value) if math.isfinite(value) else -math.inf
+
+    return max(candidates, key=pmrp)
+
+
+def plot_rejection(run: Run, result: SeedResult, seed: int, path: Path) -> None:
+    """Precision (plausible P@1) against the fraction of test queries kept, each score at its
+    val-chosen T, with random and oracle; both directions."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, d in zip(axes, DIRECTIONS, strict=True):
+        rejection = result.test["metrics"][run.metric][d]["rejection"]
+        for score in SCORES:
+            name = result.choices.get(f"{d}/{score}")
+            if name is None:
+                continue
+            curve = rejection[name]
+            label = f"{short_score(name)} (nAUPRC {curve['normalized_auprc']:.3f})"
+            ax.plot(curve["coverage"], curve["precision"], label=label)
+        for name, style in (("random", ":"), ("oracle", "--")):
+            curve = rejection[name]
+            label = f"{name} (AUPRC {curve['auprc']:.3f})"
+            ax.plot(curve["coverage"], curve["precision"], style, color="grey", label=label)
+        ax.set(title=f"{run.name} seed {seed}, {d}, ranked with {run.metric}")
+        ax.set(xlabel="fraction of queries kept", ylabel="precision (plausible P@1)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -274,138 +508,182 @@ def plot_rejection(reports: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
-def setup_lines(args: argparse.Namespace, reports: dict[str, dict], timings: dict) -> list[str]:
-    """Data, budget, evaluation settings, machine and wall time."""
-    meta = json.loads((args.work_dir / "data" / "dataset.json").read_text())
-    test, settings = reports[BASELINE]["data"], reports[BASELINE]["settings"]
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((ln.split(":")[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?")
-    train_min = {run.name: timings.get(run.name, float("nan")) / 60 for run in RUNS}
-    total_min = (timings.get("data", float("nan")) + timings["eval"]) / 60 + sum(train_min.values())
+# ---- setup and the whole document ----------------------------------------------------------
+
+
+def cpu_model() -> str:
+    lines = (
+        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    )
+    found = (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name"))
+    return next(found, platform.processor() or "unknown CPU")
+
+
+def setup_lines(
+    args: argparse.Namespace, runs: list[Run], results: Results, info: dict
+) -> list[str]:
+    """Data, seeds, budget, evaluation settings, machine, command and wall time."""
+    meta = json.loads((info["data"] / "dataset.json").read_text())
+    first = next(iter(results.values()))[0].test
+    settings = first["settings"]
+    patience = sorted({TrainConfig(**run.training).patience for run in runs})
+    trained = [r.training for rs in results.values() for r in rs]
+    fresh = sum(r["seconds"] for r in trained if not r["reused"]) / 60
+    total = sum(r["seconds"] for r in trained) / 60
     return [
-        f"- data: shapes, {args.images} images, seed {args.seed}, splits {meta['splits']}; "
-        f"scored on the test split ({test['images']} images, {test['captions']} captions).",
-        f"- budget, the same for every model: {args.epochs} epochs; ModelConfig and TrainConfig "
-        f"defaults otherwise (D=32, batch 32, lr 2e-3, sum-of-hinges loss, seed {args.seed}); "
-        "checkpoint of the epoch with the best val rsum.",
-        f"- evaluation: models.evaluate, {settings['mc_samples']} MC-dropout draws, MI over the "
-        f"top {settings['shortlist_size']}, T in {settings['temperatures']} chosen on val.",
-        f"- machine: 2-core {cpu}, CPU only, 1 torch thread, torch {torch.__version__}, "
-        "shared with other jobs (timings are indicative).",
-        f"- wall time from scratch: {fmt(total_min)} min; training (min): "
-        + ", ".join(f"{k} {fmt(v)}" for k, v in train_min.items())
-        + f"; evaluation {fmt(timings['eval'] / 60)}. A rerun reuses data and models.",
+        f"- data: shapes, {args.images} images, data seed {args.data_seed}, splits "
+        f"{meta['splits']}; figures on the test split ({first['data']['images']} images, "
+        f"{first['data']['captions']} captions), choices on the val split.",
+        f"- seeds: training seeds {', '.join(map(str, args.seeds))} per model (the evaluation's MC "
+        "draws and tie-breaking use the same seed); every figure is mean ± sample sd over them.",
+        f"- budget, the same for every model: at most {args.epochs} epochs, early stopping with "
+        f"patience {', '.join(map(str, patience))} on the val score (plausible P@1 and R-P), the "
+        "best-on-val checkpoint; ModelConfig / TrainConfig defaults apart from the overrides in "
+        "the training table.",
+        f"- evaluation: models.evaluate, {settings['mc_samples']} MC-dropout draws, scores over "
+        f"the top {settings['shortlist_size']}, T in {settings['temperatures']} chosen per score "
+        f"and direction on val; OOD: {info['photos']} real photographs.",
+        f"- machine: {os.cpu_count()}-core {cpu_model()}, torch {torch.__version__} on CPU with "
+        f"1 thread, Python {platform.python_version()}; load average (1 min) "
+        f"{info['load'][0]:.2f} at start, {info['load'][1]:.2f} at end (timings are indicative on "
+        "a shared machine).",
+        f"- command: `{args.command}`",
+        f"- wall time of this run: {info['wall'] / 60:.1f} min (data generation "
+        f"{info['data_seconds'] / 60:.1f} min when not reused, training here {fresh:.1f} min, "
+        f"evaluation {info['eval'] / 60:.1f} min). Training of all models and seeds took "
+        f"{total:.1f} min in all; from scratch the whole run takes about "
+        f"{(info['data_seconds'] + total * 60 + info['eval']) / 60:.1f} min.",
     ]
 
 
-TEMPLATE = """\
-# Results: point vs Gaussian embeddings on the shapes data
-
-Generated by `{generator}`; do not edit by hand.
-
-**How to reproduce:** `{command}`
-
-{setup}
-
-## Retrieval (%, test split)
-
-{retrieval}
-R-P: R-Precision with the exact plausible matches; PMRP: mean over zeta 0, 1, 2 (Chun et al.);
-med r: median rank; rsum per direction (their total is the rsum of the text below).
-
-## Where the Gaussian models do and do not win
-
-{findings}
-
-## Rejection: AUPRC (precision vs fraction kept) and R@1 (%) per uncertainty decile
-
-{rejection}
-![precision of R@1 and R@10 against the fraction of queries kept](img/rejection.png)
-
-## Crop experiment (selection accuracy %, mean log-det) and log-det of the test galleries
-
-{crop}
-## The same models ranked with other metrics
-
-{extra}
-## How to read this
-
-- With the default settings, gcie-w2 is the model `probsearch demo` trains (3000 images,
-  12 epochs, seed 0, default configs); the demo also serves it with kl and min_kl (and js,
-  csd): the last table shows what kl and min_kl do with it.
-- vse ranks with w2 on unit-norm points that all carry one constant variance, which orders
-  results exactly as cosine does. Its log-det is constant, so log-det rejection of vse equals
-  random exactly (a check of the rejection code, not a finding).
-- kl is asymmetric. Training scores every pair by -KL(image || caption); evaluation, like the
-  service, ranks by KL(query || gallery), which for t2i is KL(caption || image), the reverse
-  of training. The kl_reverse row of gcie-kl has t2i ranked as trained (its i2t is reversed).
-- mahalanobis uses the gallery item's variance. For gce t2i and gie i2t the gallery is the
-  point modality (constant variance), so those directions rank by Euclidean distance of the
-  means and the learned variance plays no part in their ranking.
-- AUPRC is the mean precision over the fraction of queries kept; random rejection scores the
-  plain accuracy (R@1 or R@10 as a fraction). Deciles: R@1 (%) of the most certain tenth (d1)
-  and least certain tenth (d10) of the queries; a useful uncertainty has d1 > d10. MI T: the
-  temperature of the MI column, chosen on the val split. R@1 AUPRC rests on few correct
-  queries (R@1 x 300 for i2t), so gaps of about 0.01 there are noise; R@10 is steadier.
-- Crop experiment (Pishdad et al. 4.6): is part A closer to its own caption "A" than to "A and
-  B" (A column), and the union to "A and B" (A+B column); mean log-det of each view, and the
-  log-det (mean ± std) over the whole test galleries. With D=32 and variances bounded to
-  [0.1, 10], log-det lies in [-73.7, 73.7]; a point modality has 0.
-- Small budget, one seed: one test image of R@1 i2t is 0.33 points and one caption of t2i
-  0.07; differences of a point or two are within what another seed would move.
+HOW_TO_READ = """\
+- Correct means the first result is a plausible match (the dataset's plausible-match matrix);
+  P@1 is the fraction of such queries (%), R-P the R-Precision over the plausible matches, PMRP
+  the mean over zeta 0, 1, 2 of Chun et al.'s label-based R-Precision. R@K are exact-pair
+  recalls; R@1 ceiling is the exact R@1 of a model that answers with a random plausible match.
+- nAUPRC = (AUPRC - random) / (oracle - random) of precision against the fraction of queries
+  kept, rejecting the most uncertain first: 0 is chance, 1 the oracle. The temperature of MI and
+  posterior entropy (shown per seed in brackets) and the reject score (the score@T with the best
+  val nAUPRC, as `probsearch calibrate` chooses) are chosen on val and read on test.
+- Spearman: rank correlation of a score with ln(#plausible matches) of the query; positive
+  means vaguer queries get larger uncertainty. n/a: the score is constant (a point modality's
+  log-det) or needs MC draws.
+- vse ranks with w2 on unit points of one constant variance (the same order as cosine); its
+  log-det is constant, so its log-det rejection is exactly chance.
+- mahalanobis uses the gallery item's variance: for gce t2i and gie i2t the gallery is the point
+  modality, so those directions rank by Euclidean distance of the means.
+- Findings: a difference of means no larger than the larger of the two sds is "no difference".
 """
 
 
-def render(args: argparse.Namespace, reports: dict[str, dict], timings: dict) -> str:
+def render(args: argparse.Namespace, runs: list[Run], results: Results, info: dict) -> str:
     """The whole of docs/results.md."""
-    retrieval = ["model", "metric", *(f"{k} {d}" for k in RETRIEVAL.values() for d in DIRECTIONS)]
-    methods = [LABELS[m] for m in ("random", *UNCERTAINTIES)]
-    reject = [f"{m} {at}" for at in ("R@1", "R@10") for m in methods]
-    reject += [f"{LABELS[m]} {b}" for m in UNCERTAINTIES for b in ("d1", "d10")]
-    crop = [f"{d} {p}" for d in DIRECTIONS for p in ("A", "A+B")]
-    crop += [f"log-det {m} {p}" for m in ("img", "txt") for p in ("A", "A+B")]
-    crop += ["log-det test images", "log-det test captions"]
-    tables = {
-        "retrieval": table(retrieval, retrieval_rows(reports, extra=False)),
-        "rejection": table(["model", "dir", "MI T", *reject], rejection_rows(reports)),
-        "crop": table(["model", "tuples", *crop], crop_rows(reports)),
-        "extra": table(retrieval, retrieval_rows(reports, extra=True)),
-        "setup": setup_lines(args, reports, timings),
-        "findings": findings(reports),
-    }
-    texts = {name: "\n".join(lines) for name, lines in tables.items()}
-    return TEMPLATE.format(generator=COMMAND, command=args.command, **texts)
+    stats = {name: aggregate(rs) for name, rs in results.items()}
+    shown = plot_run(runs, stats)
+    sections = [
+        ("Setup", setup_lines(args, runs, results, info)),
+        ("Training", training_section(runs, stats, results)),
+        ("Findings: each Gaussian model against vse", findings(runs, stats)),
+        ("Retrieval (%, test)", retrieval_section(runs, stats)),
+        (
+            "Uncertainty: rejection and ambiguity (test, choices on val)",
+            uncertainty_section(runs, stats, results),
+        ),
+        (
+            "Dataset shift: real photographs as image queries",
+            ood_section(runs, stats, info["photos"]),
+        ),
+        ("Crop experiment (Pishdad et al. 4.6)", crop_section(runs, stats)),
+        ("Variance health (test galleries)", health_section(runs, stats)),
+        ("How to read this", [HOW_TO_READ]),
+    ]
+    out = [
+        "# Results: point vs Gaussian embeddings on the shapes data",
+        "",
+        f"Generated by `{COMMAND}`; do not edit by hand. Every figure is mean ± sd over "
+        f"{len(args.seeds)} training seeds.",
+        "",
+    ]
+    for title, lines in sections:
+        out += [f"## {title}", "", *lines, ""]
+        if title.startswith("Uncertainty"):
+            out += [
+                f"![precision against the fraction of queries kept]({info['plot']})",
+                "",
+                f"The plot: {shown.name} (best mean test PMRP of the probabilistic models), seed "
+                f"{args.seeds[0]}, each score at its val-chosen T, test split.",
+                "",
+            ]
+    return "\n".join(out).rstrip() + "\n"
 
 
-def main() -> None:
+# ---- main ----------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=3000, help="shapes images to generate")
-    parser.add_argument("--epochs", type=int, default=12, help="training epochs of every model")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-seed", type=int, default=0, help="seed of the shapes dataset")
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
+    parser.add_argument("--epochs", type=int, default=40, help="maximum training epochs")
+    parser.add_argument("--runs", default="", help="comma list of RUNS names (default: all)")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "model_comparison")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "results.md")
     parser.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args()
     args.command = " ".join([COMMAND, *sys.argv[1:]])
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    unknown = set(names) - {r.name for r in RUNS}
+    if unknown or not args.seeds:
+        parser.error(f"unknown runs {sorted(unknown)}" if unknown else "--seeds is empty")
+    args.selected = [r for r in RUNS if not names or r.name in names]
+    return args
+
+
+def timed(function: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.perf_counter()
+    return function(), time.perf_counter() - started
+
+
+def main() -> None:
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
+    args = parse_args()
     # One torch thread: results then do not depend on the core count (two threads change the
     # float reduction order), and on a shared 2-core machine two threads ran 5-10x slower.
     torch.set_num_threads(1)
-    timings_path = args.work_dir / "timings.json"
-    timings = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
-    data = prepare_data(args.work_dir, args.images, args.seed, timings)
-    models = {
-        r.name: train_run(r, data, args.work_dir, args.epochs, args.seed, timings) for r in RUNS
+    data, data_seconds = prepare_data(args.work_dir, args.images, args.data_seed)
+    photos = prepare_photos(args.work_dir)
+    trained = {
+        (run.name, seed): train_run(run, data, args.work_dir, args, seed)
+        for run in args.selected
+        for seed in args.seeds
     }
-    timings_path.write_text(json.dumps(timings, indent=1) + "\n")
-    started = time.perf_counter()
-    reports = {
-        r.name: evaluate_run(r, models[r.name], data, args.work_dir, args.seed) for r in RUNS
+    results, eval_seconds = timed(
+        lambda: {
+            run.name: [
+                evaluate_run(run, trained[run.name, s], data, photos, args.work_dir, s)
+                for s in args.seeds
+            ]
+            for run in args.selected
+        }
+    )
+    stats = {name: aggregate(rs) for name, rs in results.items()}
+    shown = plot_run(args.selected, stats)
+    plot_path = args.img_dir / "rejection.png"
+    plot_rejection(shown, results[shown.name][0], args.seeds[0], plot_path)
+    info = {
+        "data": data,
+        "data_seconds": data_seconds,
+        "photos": len(list(photos.glob("*.png"))),
+        "eval": eval_seconds,
+        "load": (load_start, os.getloadavg()[0]),
+        "wall": time.perf_counter() - started,
+        "plot": os.path.relpath(plot_path, args.doc.parent),
     }
-    timings["eval"] = time.perf_counter() - started
-    plot_rejection(reports, args.img_dir / "rejection.png")
     args.doc.parent.mkdir(parents=True, exist_ok=True)
-    args.doc.write_text(render(args, reports, timings))
-    print(f"wrote {args.doc} and {args.img_dir / 'rejection.png'}")
+    args.doc.write_text(render(args, args.selected, results, info))
+    print(f"wrote {args.doc} and {plot_path} in {info['wall'] / 60:.1f} min")
 
 
 if __name__ == "__main__":

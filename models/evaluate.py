@@ -230,6 +230,14 @@ class PlausibleMatchRelevance:
         return plausible_match_matrix(self.captions, [self.images[r] for r in rows]).T
 
 
+def is_single_object(caption: CaptionRecord) -> bool:
+    """A caption that names one object by colour and shape, e.g. "a purple star"."""
+    if len(caption.named) != 1:
+        return False
+    (only,) = caption.named
+    return only.count == 1 and only.shape is not None and only.color is not None
+
+
 def direction_setup(split: SplitEmbeddings, direction: str):
     """(queries, gallery, ground-truth relevance, R-Precision sets) of i2t or t2i."""
     images, captions = split.dataset.images, split.dataset.captions
@@ -265,8 +273,14 @@ def evaluate_direction(
     scores = direction_scores(metric, queries, gallery, result.shortlist, config)
     correct = result.top1_hit["r_precision"]
     ambiguity = np.log(np.maximum(result.relevant_count["r_precision"], 1))
+    retrieval = summarize_ranking(result)
+    if direction == "t2i":
+        single = np.array([is_single_object(c) for c in split.dataset.captions])
+        hits = result.top1_hit["r_precision"][single]
+        retrieval["P@1_single_object"] = 100.0 * float(hits.mean()) if hits.size else float("nan")
+        retrieval["single_object_queries"] = int(single.sum())
     section = {
-        "retrieval": summarize_ranking(result),
+        "retrieval": retrieval,
         "rejection": rejection_summary(scores, correct, config.deciles, config.seed),
         "ambiguity_spearman": {name: spearman(v, ambiguity) for name, v in scores.items()},
     }

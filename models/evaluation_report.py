@@ -39,9 +39,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _retrieval_section(report: dict) -> list[str]:
-    keys = ["P@1", "r_precision", "pmrp", "R@1", "R@1_ceiling", "R@5", "R@10", "median_rank"]
-    header = ["metric", "direction", "P@1", "R-P", "PMRP", "R@1", "R@1 ceiling", "R@5", "R@10"]
-    header.append("med r")
+    keys = ["P@1", "P@1_single_object", "r_precision", "pmrp", "R@1", "R@1_ceiling", "R@5"]
+    keys += ["R@10", "median_rank"]
+    header = ["metric", "direction", "P@1", "P@1 single object", "R-P", "PMRP", "R@1"]
+    header += ["R@1 ceiling", "R@5", "R@10", "med r"]
     rows = [
         [metric, d, *(_fmt(result[d]["retrieval"].get(k)) for k in keys)]
         for metric, result in report["metrics"].items()
@@ -52,7 +53,8 @@ def _retrieval_section(report: dict) -> list[str]:
         "",
         "P@1 and R-P (R-Precision) count a result as right when it is a plausible match (the "
         "caption names only objects the image holds); R@K counts only the exact pair, and its "
-        "ceiling is what a model answering with a random plausible match would reach.",
+        "ceiling is what a model answering with a random plausible match would reach. "
+        'P@1 single object: t2i queries naming one object by colour and shape ("a red disc").',
         "",
         *_table(header, rows),
         "",

@@ -13,25 +13,25 @@ from models.model_config import ModelConfig
 POOLED_GRID = 4  # the last feature map is average-pooled to 4x4 (keeps coarse layout)
 
 
-def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
-    """3x3 conv with stride 2 (halves H and W), batch norm, ReLU."""
+def conv_block(in_channels: int, out_channels: int, stride: int = 2) -> nn.Sequential:
+    """3x3 conv (stride 2 halves H and W), batch norm, ReLU."""
     return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=2, padding=1, bias=False),
+        nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=stride, padding=1, bias=False),
         nn.BatchNorm2d(out_channels),
         nn.ReLU(inplace=True),
     )
 
 
-def _pool_to_grid(image_size: int, num_blocks: int) -> nn.Module:
+def _pool_to_grid(image_size: int, halvings: int) -> nn.Module:
     """Average pooling of the last feature map down to POOLED_GRID x POOLED_GRID.
 
     A fixed kernel rather than adaptive pooling: the exported graph sees dynamic spatial
     sizes (the draws are stacked into the batch), which adaptive pooling cannot export with.
     """
-    side = image_size // 2**num_blocks
+    side = image_size // 2**halvings
     if side < POOLED_GRID or side % POOLED_GRID:
         raise ValueError(
-            f"image size {image_size} with {num_blocks} conv blocks leaves a {side}x{side} map, "
+            f"image size {image_size} halved {halvings} times leaves a {side}x{side} map, "
             f"which does not pool evenly to {POOLED_GRID}x{POOLED_GRID}"
         )
     return nn.Identity() if side == POOLED_GRID else nn.AvgPool2d(side // POOLED_GRID)
@@ -50,11 +50,14 @@ class ImageEncoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         channels = (3, *config.cnn_channels)
+        strides = (config.stem_stride, *[2] * (len(config.cnn_channels) - 1))
         self.blocks = nn.ModuleList(
-            conv_block(c_in, c_out) for c_in, c_out in itertools.pairwise(channels)
+            conv_block(c_in, c_out, stride)
+            for (c_in, c_out), stride in zip(itertools.pairwise(channels), strides, strict=True)
         )
+        halvings = len(config.cnn_channels) - (config.stem_stride == 1)
         self.project = nn.Sequential(
-            _pool_to_grid(config.image_size, len(config.cnn_channels)),
+            _pool_to_grid(config.image_size, halvings),
             nn.Flatten(),
             nn.Linear(channels[-1] * POOLED_GRID * POOLED_GRID, config.image_features),
             nn.ReLU(inplace=True),

@@ -19,7 +19,17 @@ COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-o
 # Similarities the training loss supports per model type (the loss uses -distance for the
 # Gaussian metrics of models.gaussian and the dot product of unit means for "cosine").
 TRAIN_METRICS: dict[str, tuple[str, ...]] = {
-    "gcie": ("w2", "kl", "min_kl", "kl_reverse", "js", "csd", "bhattacharyya", "match_prob"),
+    "gcie": (
+        "w2",
+        "kl",
+        "min_kl",
+        "kl_reverse",
+        "js",
+        "csd",
+        "bhattacharyya",
+        "match_prob",
+        "cosine",
+    ),
     "gce": ("mahalanobis", "w2", "kl", "min_kl", "csd", "match_prob"),
     "gie": ("mahalanobis", "w2", "kl", "min_kl", "csd", "match_prob"),
     "vse": ("cosine",),
@@ -70,6 +80,7 @@ class ModelConfig:
     image_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     image_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     cnn_channels: tuple[int, ...] = (16, 32, 64, 128)
+    stem_stride: int = 2  # stride of the first conv block (1 keeps full resolution there)
     image_features: int = 128
     word_dim: int = 64
     text_hidden: int = 128
@@ -216,6 +227,7 @@ class TrainConfig:
     lr_patience: int = 3  # epochs without improvement before lr *= lr_decay
     lr_decay: float = 0.1
     objective: str = "hinge"  # hinge | pcme | pcmepp (models.objectives)
+    variance_objective: str = ""  # "" | pcmepp: fit the variance alone to the match matrix
     margin: float = 0.2
     negatives: str = "sum"
     warmup_epochs: int = 1  # epochs with the sum-over-negatives loss before `negatives`
@@ -238,8 +250,10 @@ class TrainConfig:
         if self.negatives not in ("hardest", "sum"):
             raise ConfigError(f"unknown negatives {self.negatives!r}; choose hardest or sum")
         if self.objective not in ("hinge", "pcme", "pcmepp"):
+            raise ConfigError(f"unknown objective {self.objective!r}; choose hinge, pcme or pcmepp")
+        if self.variance_objective not in ("", "pcmepp"):
             raise ConfigError(
-                f"unknown objective {self.objective!r}; choose hinge, pcme or pcmepp"
+                f"unknown variance objective {self.variance_objective!r}; choose pcmepp or none"
             )
         if self.vib_beta < 0 or self.uniformity_weight < 0 or self.pseudo_positive_weight < 0:
             raise ConfigError("regulariser weights must be >= 0")

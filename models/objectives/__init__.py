@@ -4,6 +4,10 @@
 - pcme: PCME's soft contrastive loss on the sampled match probability.
 - pcmepp: PCME++'s BCE on the closed-form sampled distance, with pseudo-positives.
 Each can add the VIB term (KL to N(0, I)) for the Gaussian modalities and the uniformity term.
+With variance_objective "pcmepp", the means come from the objective alone and the variances
+from PCME++'s loss on the detached means: the variance's only job is then to make the match
+probability sigmoid(-a * csd + b) right, which means growing where a caption or image
+matches many items of the batch about equally well.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ def batch_loss(
             model_config.model_type, model_config.metric, *image, *caption
         )  # (B, M)
         loss = hinge_triplet_loss(similarity, batch.caption_image, train_config.margin, negatives)
+    if train_config.variance_objective == "pcmepp":
+        frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
+        loss = loss + pcmepp_loss(
+            *frozen_means, batch.caption_image, *match, train_config.pseudo_positive_weight
+        )
     if train_config.vib_beta > 0:
         if model_config.gaussian_images:
             loss = loss + train_config.vib_beta * vib_loss(*image)
