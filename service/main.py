@@ -25,7 +25,7 @@ from service.errors import HANDLED_ERRORS, status_of
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
 from service.rerank import rerank_device
-from service.routes import admin, health, search
+from service.routes import admin, health, items, search
 from service.searcher import GALLERY_OF_KIND, Searcher
 from service.settings import Settings
 
@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
     app.state.services = None
-    for router in (search.router, health.router, admin.router):
+    for router in (search.router, health.router, admin.router, items.router):
         app.include_router(router)
     _install_error_handlers(app)
     app.add_middleware(
