@@ -183,15 +183,28 @@ function showVerdict(queryInfo) {
   $("banner-detail").textContent =
     ` Its ${name} ${format(score.value)} is above the threshold ${format(score.threshold)}.` +
     " The results are shown below, but treat them with care.";
-  drawGauge(score, name, queryInfo.rejected);
+  drawGauge(score, name, queryInfo);
 }
 
-function drawGauge(score, name, rejected) {
+// The gauge's full scale: twice the threshold, so the threshold sits in the middle; without
+// a positive threshold, MI's own upper bound ln(shortlist size), or a bit above the score.
+function gaugeTop(score, queryInfo) {
+  const { name, value, threshold } = score;
+  if (threshold > 0) return Math.max(2 * threshold, value || 0);
+  if (name === "mutual_information" && queryInfo.shortlist_size > 1) {
+    return Math.log(queryInfo.shortlist_size);
+  }
+  return 1.25 * (value || 0) || 1;
+}
+
+function drawGauge(score, name, queryInfo) {
   const { value, threshold } = score;
+  const rejected = queryInfo.rejected;
   const gauge = $("gauge");
   const measured = value !== null && value !== undefined;
   const hasThreshold = threshold !== null && threshold !== undefined;
-  const top = Math.max(hasThreshold ? 2 * threshold : 0, measured ? 1.25 * value : 0) || 1;
+  const top = gaugeTop(score, queryInfo);
+  $("gauge-fill").hidden = !measured;
   $("gauge-fill").style.width = measured ? `${Math.min(100, (100 * value) / top)}%` : "0%";
   $("gauge-mark").hidden = !hasThreshold;
   if (hasThreshold) $("gauge-mark").style.left = `${(100 * threshold) / top}%`;
