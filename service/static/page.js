@@ -322,6 +322,10 @@ function wire() {
     const file = event.dataTransfer.files[0];
     if (file) chooseImage(file);
   });
+  for (const type of ["dragover", "drop"]) {
+    // A file dropped beside the zone must not make the browser leave the page to show it.
+    window.addEventListener(type, (event) => event.preventDefault());
+  }
   for (const id of ["metric", "k"]) {
     $(id).addEventListener("change", () => state.lastQuery && run(state.lastQuery));
   }

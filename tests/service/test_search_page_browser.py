@@ -252,3 +252,24 @@ def test_a_phone_screen_needs_no_sideways_scrolling(page: WebDriver, screenshots
     first = cards(page, "text")[0].find_element(By.CSS_SELECTOR, "img.thumb")
     assert first.size["width"] >= 100
     save(page, screenshots, "search-page-narrow.png")
+
+
+def test_the_named_reject_score_is_shown_when_the_api_sends_one(page: WebDriver) -> None:
+    # The response names its calibrated score in query.reject_score (DESIGN section 5); a
+    # service without that field is read as MI against reject_threshold.
+    score = {"name": "posterior_entropy", "value": 0.9, "threshold": 0.5}
+    query = {"modality": "text", "rejected": True, "mutual_information": 0.001,
+             "reject_threshold": 0.002, "shortlist_size": 100, "reject_score": score}  # fmt: skip
+    page.execute_script("showVerdict(arguments[0])", query)
+    assert page.find_element(By.ID, "gauge-text").text == (
+        "posterior entropy 0.9 above the threshold 0.5"
+    )
+    assert page.find_element(By.ID, "banner").is_displayed()
+    assert "posterior entropy 0.9" in page.find_element(By.ID, "banner").text
+    page.execute_script(
+        "showVerdict(arguments[0])", {**query, "reject_score": None, "rejected": False}
+    )
+    assert page.find_element(By.ID, "gauge-text").text == (
+        "mutual information 0.001 within the threshold 0.002"
+    )
+    assert not page.find_element(By.ID, "banner").is_displayed()
