@@ -5,7 +5,7 @@ const K_CHOICES = [5, 10, 20, 50, 100];
 const GALLERY_NAMES = { image: "image index", text: "caption index" };
 const SCORE_NAMES = { mutual_information: "mutual information" };
 
-const state = { config: null, lastQuery: null, busy: false };
+const state = { config: null, lastQuery: null };
 const $ = (id) => document.getElementById(id);
 
 function element(tag, props = {}, children = []) {
@@ -128,7 +128,6 @@ function imageRequest(file) {
 
 async function run(query) {
   state.lastQuery = query;
-  state.busy = true;
   hideError();
   $("results").setAttribute("aria-busy", "true");
   $("status").textContent = `Searching for ${query.label}…`;
@@ -142,7 +141,6 @@ async function run(query) {
     $("status").textContent = "";
     showError(error.message);
   } finally {
-    state.busy = false;
     $("results").removeAttribute("aria-busy");
   }
 }

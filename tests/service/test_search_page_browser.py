@@ -1,7 +1,7 @@
 """The search page in a real headless Chromium (Debian's chromium and chromium-driver, which
 scripts/bootstrap.sh installs) against a real server: what a person sees, checked against
 what the JSON API answers for the same query. Screenshots go to a temporary folder, or to
-$PROBSEARCH_SCREENSHOTS when set (docs/img/search-page.png in README.md is one)."""
+$SEARCH_PAGE_SCREENSHOTS when set (docs/img/search-page.png in README.md is one)."""
 
 import os
 import shutil
@@ -87,7 +87,7 @@ def client(server: ServerThread) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    chosen = os.environ.get("PROBSEARCH_SCREENSHOTS")
+    chosen = os.environ.get("SEARCH_PAGE_SCREENSHOTS")
     folder = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
