@@ -240,6 +240,10 @@ class IndexVersion:
         """Metadata {"id", "text" or "uri", "extra"} of each row, in the order given."""
         return self._metadata.lookup(rows)
 
+    def record(self, item_id: str) -> dict[str, Any] | None:
+        """Metadata of the item with this id (ids are unique in a version); None if unknown."""
+        return self._metadata.find(item_id)
+
     def close(self) -> None:
         """Release the FAISS indexes, the memory maps and the metadata connection."""
         self._indexes = {}
@@ -306,6 +310,11 @@ class _MetadataReader:
                         record["uri"] = uri
                     found[row] = record
         return [found[r] for r in wanted]
+
+    def find(self, item_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._db.execute("SELECT row FROM items WHERE id = ?", (item_id,)).fetchone()
+        return None if found is None else self.lookup([found[0]])[0]
 
     def close(self) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs probsearch with the CPU extra and the dev tools, plus
-# Debian's redis-server when the machine has none (the tests start Redis servers of their own).
+# the Debian packages the tests need when the machine lacks them: redis-server (the tests start
+# Redis servers of their own) and chromium with chromium-driver (the search page's browser test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,10 +12,22 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[cpu,dev]'
 
+apt_updated=""
+apt_install() {
+    local sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    if [ -z "$apt_updated" ]; then
+        $sudo_cmd apt-get update -qq
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "$@" >/dev/null
+}
+
 if ! command -v redis-server >/dev/null 2>&1; then
     echo "redis-server not found: installing Debian's redis-server package" >&2
-    sudo_cmd=""
-    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq redis-server >/dev/null
+    apt_install redis-server
+fi
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    echo "chromium or chromedriver not found: installing Debian's chromium and chromium-driver" >&2
+    apt_install chromium chromium-driver
 fi

@@ -192,11 +192,15 @@ def demo(
             update={"index_root": paths.index_root, "model": paths.model, "redis_url": url}
         )
         with BackgroundServer(settings, log_level="warning") as server:
+            typer.echo(f"\nsearch page: {server.url}/ (open it in a browser)")
             with httpx.Client(timeout=60) as http:
                 run_examples(http, server.url, paths, typer.echo)
             if examples_only:
                 return
-            typer.echo(f"\nserving on {server.url} (OpenAPI at {server.url}/docs); Ctrl-C stops")
+            typer.echo(
+                f"\nserving the search page on {server.url}/ (OpenAPI at {server.url}/docs); "
+                "Ctrl-C stops"
+            )
             server.wait()
     except (ValidationError, ValueError, OSError) as error:
         typer.echo(f"error: {_one_line(error)}", err=True)

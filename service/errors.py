@@ -23,6 +23,10 @@ class IndexUnavailableError(ServiceError):
     """No index is loaded for the gallery the request searches (503; retry later)."""
 
 
+class ItemNotFoundError(ServiceError, LookupError):
+    """No item of the active gallery has this id, or its image cannot be served (404)."""
+
+
 class AuthenticationError(ServiceError):
     """A required API key is missing or wrong (401)."""
 
@@ -38,6 +42,7 @@ STATUS_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (PayloadTooLargeError, 413, "payload_too_large"),
     (UnsupportedMediaTypeError, 415, "unsupported_media_type"),
     (InvalidQueryError, 422, "invalid_query"),
+    (ItemNotFoundError, 404, "not_found"),
     (IndexUnavailableError, 503, "index_unavailable"),
     (OverloadedError, 503, "overloaded"),
     (AuthenticationError, 401, "unauthorized"),

@@ -23,9 +23,10 @@ from service.batching import MicroBatcher
 from service.cache import ResultCache
 from service.deps import Services
 from service.errors import HANDLED_ERRORS, status_of
+from service.gallery_stats import GalleryStats
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
-from service.routes import admin, health, search
+from service.routes import admin, health, items, page, search
 from service.searcher import GALLERY_OF_KIND, Searcher
 from service.settings import Settings
 
@@ -47,8 +48,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
     app.state.services = None
-    for router in (search.router, health.router, admin.router):
+    app.state.gallery_stats = GalleryStats()
+    for router in (search.router, health.router, admin.router, items.router, page.router):
         app.include_router(router)
+    app.mount("/static", page.static_files(), name="static")
     _install_error_handlers(app)
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, paths=set(app.openapi()["paths"])

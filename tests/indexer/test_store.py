@@ -40,6 +40,15 @@ def test_open_version_maps_arrays_and_reads_metadata_in_order(version_dir: Path)
     version.close()
 
 
+def test_record_finds_an_item_by_its_id_and_nothing_else(version_dir: Path) -> None:
+    version = open_version(version_dir)
+    assert version.record("item-7") == {"id": "item-7", "text": "caption 7", "extra": {"i": 7}}
+    assert version.record("item-499")["extra"] == {"i": 499}
+    for unknown in ("item-500", "", "item-7 ", "ITEM-7", "%", "item-%", "../item-7"):
+        assert version.record(unknown) is None, unknown
+    version.close()
+
+
 def test_supports_and_refuses_metrics_without_an_index(version_dir: Path) -> None:
     version = open_version(version_dir)
     assert version.supports("w2") and version.supports("kl")

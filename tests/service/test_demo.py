@@ -34,6 +34,8 @@ def test_first_run_builds_every_stage_and_answers(first_run: tuple[Path, str]) -
     assert "running without it" in out
     for stage in ("[1/4]", "[2/4]", "[3/4]", "[4/4]"):
         assert stage in out
+    page = out.index("search page: http://127.0.0.1:")
+    assert page < out.index("# text -> images"), "the page's address comes before the examples"
     assert "/search/text -H 'Content-Type: application/json'" in out
     assert "/search/image -F image=@" in out
     assert "# a query the service rejects" in out

@@ -1,0 +1,333 @@
+// The search page: queries the service's own JSON API and draws the answer. No dependencies.
+"use strict";
+
+const K_CHOICES = [5, 10, 20, 50, 100];
+const GALLERY_NAMES = { image: "image index", text: "caption index" };
+const SCORE_NAMES = { mutual_information: "mutual information" };
+
+const state = { config: null, lastQuery: null };
+const $ = (id) => document.getElementById(id);
+
+function element(tag, props = {}, children = []) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function format(value, digits = 4) {
+  if (value === null || value === undefined || Number.isNaN(value)) return "n/a";
+  const abs = Math.abs(value);
+  if (abs !== 0 && (abs < 1e-3 || abs >= 1e5)) return value.toExponential(2);
+  return Number(value.toFixed(digits)).toString();
+}
+
+// ----- talking to the API -------------------------------------------------------------------
+
+async function callApi(path, init) {
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    throw new Error(`The service could not be reached (${error.message}). Is it still running?`);
+  }
+  const body = await response.text();
+  let parsed = null;
+  try {
+    parsed = body ? JSON.parse(body) : null;
+  } catch (_) {
+    parsed = null;
+  }
+  if (!response.ok) {
+    const detail = parsed && parsed.detail ? parsed.detail : body.slice(0, 300) || response.statusText;
+    throw new Error(`The service answered ${response.status}: ${detail}`);
+  }
+  if (parsed === null) throw new Error("The service sent an answer that is not JSON.");
+  return parsed;
+}
+
+async function loadConfig() {
+  try {
+    state.config = await callApi("/v1/config");
+  } catch (error) {
+    $("footer-info").textContent = error.message;
+    showError(error.message);
+    return;
+  }
+  fillSelectors(state.config);
+  showFooter(state.config);
+}
+
+function fillSelectors(config) {
+  const metric = $("metric");
+  const chosenMetric = metric.value || config.default_metric;
+  metric.replaceChildren(
+    ...config.metrics.map((name) =>
+      element("option", { value: name, text: name === config.default_metric ? `${name} (default)` : name })
+    )
+  );
+  metric.value = chosenMetric;
+  const k = $("k");
+  const chosenK = k.value || String(config.default_k);
+  const choices = [...new Set([...K_CHOICES, config.default_k])]
+    .filter((n) => n <= config.max_k)
+    .sort((a, b) => a - b);
+  k.replaceChildren(
+    ...choices.map((n) => element("option", { value: String(n), text: n === config.default_k ? `${n} (default)` : String(n) }))
+  );
+  k.value = chosenK;
+}
+
+function showFooter(config) {
+  const parts = [`Model ${config.model}`];
+  for (const [gallery, summary] of Object.entries(config.galleries)) {
+    parts.push(`${GALLERY_NAMES[gallery] || gallery} ${summary.version} (${summary.count} items)`);
+  }
+  if (Object.keys(config.galleries).length === 0) parts.push("no index loaded yet");
+  $("footer-info").textContent = parts.join(" · ");
+}
+
+function searchOptions() {
+  const options = { k: Number($("k").value) || undefined, metric: $("metric").value || undefined };
+  const threshold = $("reject-threshold").value.trim();
+  if (threshold !== "") options.reject_threshold = Number(threshold);
+  return options;
+}
+
+function textRequest(text) {
+  return {
+    kind: "text",
+    label: `“${text}”`,
+    send: () =>
+      callApi("/search/text", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ text, ...searchOptions() }),
+      }),
+  };
+}
+
+function imageRequest(file) {
+  return {
+    kind: "image",
+    label: `the image ${file.name}`,
+    send: () => {
+      const form = new FormData();
+      form.append("image", file);
+      for (const [key, value] of Object.entries(searchOptions())) {
+        if (value !== undefined) form.append(key, String(value));
+      }
+      return callApi("/search/image", { method: "POST", body: form });
+    },
+  };
+}
+
+async function run(query) {
+  state.lastQuery = query;
+  hideError();
+  $("results").setAttribute("aria-busy", "true");
+  $("status").textContent = `Searching for ${query.label}…`;
+  try {
+    const answer = await query.send();
+    if (state.lastQuery !== query) return; // a newer query was sent meanwhile
+    await refreshConfigFor(answer);
+    showAnswer(query, answer);
+  } catch (error) {
+    if (state.lastQuery !== query) return;
+    $("status").textContent = "";
+    showError(error.message);
+  } finally {
+    $("results").removeAttribute("aria-busy");
+  }
+}
+
+async function refreshConfigFor(answer) {
+  const gallery = answer.query.modality === "text" ? "image" : "text";
+  const known = state.config && state.config.galleries[gallery];
+  if (!known || known.version !== answer.index_version) await loadConfig();
+}
+
+// ----- drawing the answer -------------------------------------------------------------------
+
+function rejectScore(query) {
+  const score = query.reject_score;
+  if (score && score.value !== undefined) return score;
+  return { name: "mutual_information", value: query.mutual_information, threshold: query.reject_threshold };
+}
+
+function showAnswer(query, answer) {
+  showVerdict(answer.query);
+  const galleryName = query.kind === "text" ? "image" : "text";
+  const gallery = state.config ? state.config.galleries[galleryName] : null;
+  const cards = answer.results.map((hit) => resultCard(hit, query.kind, gallery, answer.metric));
+  $("grid").replaceChildren(...cards);
+  $("grid").dataset.kind = query.kind;
+  $("legend").hidden = cards.length === 0;
+  const what = query.kind === "text" ? "images" : "captions";
+  $("status").textContent = cards.length
+    ? `${cards.length} ${what} for ${query.label}, ranked by ${answer.metric} distance.`
+    : `No ${what} found for ${query.label}.`;
+}
+
+function showVerdict(queryInfo) {
+  const score = rejectScore(queryInfo);
+  const name = SCORE_NAMES[score.name] || score.name.replaceAll("_", " ");
+  $("verdict").hidden = false;
+  $("banner").hidden = !queryInfo.rejected;
+  $("banner-detail").textContent =
+    ` Its ${name} ${format(score.value)} is above the threshold ${format(score.threshold)}.` +
+    " The results are shown below, but treat them with care.";
+  drawGauge(score, name, queryInfo);
+}
+
+// The gauge's full scale: twice the threshold, so the threshold sits in the middle; without
+// a positive threshold, MI's own upper bound ln(shortlist size), or a bit above the score.
+function gaugeTop(score, queryInfo) {
+  const { name, value, threshold } = score;
+  if (threshold > 0) return Math.max(2 * threshold, value || 0);
+  if (name === "mutual_information" && queryInfo.shortlist_size > 1) {
+    return Math.log(queryInfo.shortlist_size);
+  }
+  return 1.25 * (value || 0) || 1;
+}
+
+function drawGauge(score, name, queryInfo) {
+  const { value, threshold } = score;
+  const rejected = queryInfo.rejected;
+  const gauge = $("gauge");
+  const measured = value !== null && value !== undefined;
+  const hasThreshold = threshold !== null && threshold !== undefined;
+  const top = gaugeTop(score, queryInfo);
+  $("gauge-fill").hidden = !measured;
+  $("gauge-fill").style.width = measured ? `${Math.min(100, (100 * value) / top)}%` : "0%";
+  $("gauge-mark").hidden = !hasThreshold;
+  if (hasThreshold) $("gauge-mark").style.left = `${(100 * threshold) / top}%`;
+  gauge.classList.toggle("over", Boolean(rejected));
+  gauge.setAttribute("aria-valuemax", String(top));
+  gauge.setAttribute("aria-valuenow", String(measured ? value : 0));
+  let text;
+  if (!measured) text = `${name}: not measured (no MC-dropout draws)`;
+  else if (!hasThreshold) text = `${name} ${format(value)}; no threshold, so never rejected`;
+  else text = `${name} ${format(value)} ${rejected ? "above" : "within"} the threshold ${format(threshold)}`;
+  $("gauge-text").textContent = text;
+  gauge.setAttribute("aria-valuetext", text);
+  $("gauge-help").textContent =
+    "The bar is the query's reject score, the line its threshold: past the line the service " +
+    "does not trust its answer. For mutual information, the score is how much the ranking " +
+    "changes between MC-dropout draws of the query's embedding.";
+}
+
+function uncertaintyBar(logDet, gallery) {
+  let fraction = null;
+  if (gallery && gallery.log_det_high > gallery.log_det_low) {
+    fraction = (logDet - gallery.log_det_low) / (gallery.log_det_high - gallery.log_det_low);
+    fraction = Math.min(1, Math.max(0, fraction));
+  }
+  const percent = fraction === null ? 0 : Math.round(100 * fraction);
+  const tip = gallery
+    ? `Uncertainty of this item: log det Σ = ${format(logDet, 2)}. The bar places it in its ` +
+      `gallery's range, from ${format(gallery.log_det_low, 2)} (the most certain item, empty) ` +
+      `to ${format(gallery.log_det_high, 2)} (the least certain, full). A longer bar: the model ` +
+      "is less sure what this item shows or says."
+    : `Uncertainty of this item: log det Σ = ${format(logDet, 2)}.`;
+  const fill = element("span", { class: "uncertainty-fill" });
+  fill.style.width = `${percent}%`;
+  return element(
+    "span",
+    {
+      class: "uncertainty",
+      role: "meter",
+      tabindex: "0",
+      title: tip,
+      "aria-label": "Item uncertainty",
+      "aria-valuemin": "0",
+      "aria-valuemax": "100",
+      "aria-valuenow": String(percent),
+      "aria-valuetext": `${percent}% of the gallery's range (log det ${format(logDet, 2)})`,
+      "data-percent": String(percent),
+    },
+    [fill, element("span", { class: "tooltip", role: "tooltip", text: tip })]
+  );
+}
+
+function resultCard(hit, kind, gallery, metric) {
+  const body =
+    kind === "text"
+      ? element("img", {
+          class: "thumb",
+          src: `/v1/items/${encodeURIComponent(hit.id)}/image`,
+          alt: hit.metadata && hit.metadata.text ? hit.metadata.text : `Gallery image ${hit.id}`,
+          loading: "lazy",
+          decoding: "async",
+        })
+      : element("blockquote", { class: "caption", text: (hit.metadata && hit.metadata.text) || hit.id });
+  const facts = element("div", { class: "facts" }, [
+    element("span", { class: "rank", text: `#${hit.rank}` }),
+    element("span", { class: "distance", title: `${metric} distance to the query; smaller is closer`, text: `d ${format(hit.distance, 3)}` }),
+    uncertaintyBar(hit.log_det, gallery),
+  ]);
+  const id = element("div", { class: "item-id", text: hit.id });
+  return element("li", { class: `card card-${kind}`, "data-id": hit.id }, [body, facts, id]);
+}
+
+// ----- messages -----------------------------------------------------------------------------
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = false;
+}
+
+function hideError() {
+  $("error").hidden = true;
+  $("error").textContent = "";
+}
+
+// ----- wiring -------------------------------------------------------------------------------
+
+function chooseImage(file) {
+  if (!file) return;
+  const preview = $("query-preview");
+  if (preview.src) URL.revokeObjectURL(preview.src);
+  preview.src = URL.createObjectURL(file);
+  preview.alt = `Your query image, ${file.name}`;
+  preview.hidden = false;
+  run(imageRequest(file));
+}
+
+function wire() {
+  $("text-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = $("text").value.trim();
+    if (text) run(textRequest(text));
+  });
+  $("image").addEventListener("change", () => chooseImage($("image").files[0]));
+  const zone = $("drop-zone");
+  for (const type of ["dragenter", "dragover"]) {
+    zone.addEventListener(type, (event) => {
+      event.preventDefault();
+      zone.classList.add("dragging");
+    });
+  }
+  for (const type of ["dragleave", "drop"]) {
+    zone.addEventListener(type, () => zone.classList.remove("dragging"));
+  }
+  zone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    const file = event.dataTransfer.files[0];
+    if (file) chooseImage(file);
+  });
+  for (const type of ["dragover", "drop"]) {
+    // A file dropped beside the zone must not make the browser leave the page to show it.
+    window.addEventListener(type, (event) => event.preventDefault());
+  }
+  for (const id of ["metric", "k"]) {
+    $(id).addEventListener("change", () => state.lastQuery && run(state.lastQuery));
+  }
+}
+
+wire();
+loadConfig();

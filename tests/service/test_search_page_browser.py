@@ -1,0 +1,275 @@
+"""The search page in a real headless Chromium (Debian's chromium and chromium-driver, which
+scripts/bootstrap.sh installs) against a real server: what a person sees, checked against
+what the JSON API answers for the same query. Screenshots go to a temporary folder, or to
+$SEARCH_PAGE_SCREENSHOTS when set (docs/img/search-page.png in README.md is one)."""
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import WebDriverWait
+
+from indexer.store import open_version
+from tests.service.conftest import (
+    Artifacts,
+    ServerThread,
+    copy_index_root,
+    make_settings,
+    probsearch,
+)
+
+CAPTION = "a big red circle and a small blue square"
+WIDE, NARROW = (1280, 1000), (390, 844)
+CHROME_FLAGS = (
+    "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+    "--force-device-scale-factor=1", "--lang=en-US", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)  # fmt: skip
+
+
+def browser_binaries() -> tuple[str, str]:
+    """Chromium and its driver; a failure (never a skip) when they are not installed."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.fail(
+            "the browser test needs Debian's chromium and chromium-driver packages: run "
+            "scripts/bootstrap.sh (it installs them) or apt-get install chromium chromium-driver"
+        )
+    return chromium, driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    chromium, driver = browser_binaries()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROME_FLAGS, f"--window-size={WIDE[0]},{WIDE[1]}"):
+        options.add_argument(flag)
+    chrome = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
+
+
+@pytest.fixture(scope="module")
+def server(
+    artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
+    """A server of its own, on a copy of the session's indexes calibrated by the CLI: the page
+    then shows the calibrated threshold, as a deployed service's page would."""
+    root = copy_index_root(artifacts, tmp_path_factory.mktemp("page") / "indexes")
+    probsearch(
+        "calibrate", "--data", artifacts.shapes, "--index-root", root, "--model", artifacts.model,
+        "--target-coverage", "0.8", "--mc-samples", "8", "--metrics", "w2",
+    )  # fmt: skip
+    with ServerThread(make_settings(artifacts, index_root=root)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> Iterator[httpx.Client]:
+    """The JSON API of the page's server, to compare what the page shows with."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    chosen = os.environ.get("SEARCH_PAGE_SCREENSHOTS")
+    folder = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def page(browser: WebDriver, server: ServerThread) -> WebDriver:
+    """The search page freshly loaded, its configuration read (the footer names the model)."""
+    browser.set_window_size(*WIDE)
+    browser.get(f"{server.url}/")
+    wait(browser, lambda b: "Model " in b.find_element(By.ID, "footer-info").text)
+    return browser
+
+
+def wait(browser: WebDriver, condition: Callable[[WebDriver], object], seconds: float = 60):
+    return WebDriverWait(browser, seconds).until(condition)
+
+
+def cards(browser: WebDriver, kind: str) -> list[WebElement]:
+    return browser.find_elements(By.CSS_SELECTOR, f"#grid li.card-{kind}")
+
+
+def search_caption(browser: WebDriver, text: str, expected_cards: int = 10) -> list[WebElement]:
+    box = browser.find_element(By.ID, "text")
+    box.clear()
+    box.send_keys(text, Keys.ENTER)
+    wait(browser, lambda b: len(cards(b, "text")) == expected_cards and "Searching" not in
+         b.find_element(By.ID, "status").text)  # fmt: skip
+    return cards(browser, "text")
+
+
+def press(browser: WebDriver, *keys: str) -> None:
+    """Keys pressed on whatever has the focus, as a person would."""
+    ActionChains(browser).send_keys(*keys).perform()
+
+
+def save(browser: WebDriver, folder: Path, name: str) -> Path:
+    path = folder / name
+    assert browser.save_screenshot(str(path)), path
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return path
+
+
+def expected_percent(log_det: float, gallery: dict) -> int:
+    span = gallery["log_det_high"] - gallery["log_det_low"]
+    return round(100 * min(1.0, max(0.0, (log_det - gallery["log_det_low"]) / span)))
+
+
+def test_a_caption_shows_thumbnails_with_uncertainty_bars(
+    page: WebDriver, client: httpx.Client, server: ServerThread, screenshots: Path
+) -> None:
+    shown = search_caption(page, CAPTION)
+    answer = client.post("/search/text", json={"text": CAPTION}).json()
+    gallery = client.get("/v1/config").json()["galleries"]["image"]
+    assert [card.get_attribute("data-id") for card in shown] == [h["id"] for h in answer["results"]]
+    wait(page, lambda b: b.execute_script(
+        "return [...document.querySelectorAll('img.thumb')]"
+        ".every(img => img.complete && img.naturalWidth > 0)"))  # fmt: skip
+    for card, hit in zip(shown, answer["results"], strict=True):
+        image = card.find_element(By.CSS_SELECTOR, "img.thumb")
+        assert image.get_attribute("alt") and image.is_displayed()
+        assert card.find_element(By.CSS_SELECTOR, ".rank").text == f"#{hit['rank']}"
+        bar = card.find_element(By.CSS_SELECTOR, ".uncertainty")
+        percent = expected_percent(hit["log_det"], gallery)
+        assert int(bar.get_attribute("data-percent")) == percent
+        fill = card.find_element(By.CSS_SELECTOR, ".uncertainty-fill")
+        assert fill.size["width"] == pytest.approx(bar.size["width"] * percent / 100, abs=1.5)
+        assert "log det" in bar.get_attribute("title")
+    assert page.find_element(By.ID, "banner").is_displayed() == answer["query"]["rejected"]
+    assert page.find_element(By.ID, "gauge-text").text
+    footer = page.find_element(By.ID, "footer-info").text
+    assert answer["model"] in footer and answer["index_version"] in footer
+    resources = page.execute_script(
+        "return performance.getEntriesByType('resource').map(entry => entry.name)"
+    )
+    assert resources and all(url.startswith(f"{server.url}/") for url in resources), resources
+    save(page, screenshots, "search-page.png")
+
+
+def test_an_uploaded_image_shows_captions(
+    page: WebDriver, client: httpx.Client, artifacts: Artifacts, screenshots: Path
+) -> None:
+    index = open_version(artifacts.index_root / "image" / artifacts.image_v1)
+    try:
+        image_path = Path(index.metadata([0])[0]["uri"])
+    finally:
+        index.close()
+    page.find_element(By.ID, "image").send_keys(str(image_path))
+    wait(page, lambda b: len(cards(b, "image")) == 10)
+    with image_path.open("rb") as handle:
+        files = {"image": (image_path.name, handle, "image/png")}
+        answer = client.post("/search/image", files=files).json()
+    captions = [c.find_element(By.CSS_SELECTOR, ".caption").text for c in cards(page, "image")]
+    assert captions == [hit["metadata"]["text"] for hit in answer["results"]]
+    assert all(captions)
+    preview = page.find_element(By.ID, "query-preview")
+    assert preview.is_displayed() and image_path.name in preview.get_attribute("alt")
+    assert len(page.find_elements(By.CSS_SELECTOR, "#grid .uncertainty")) == 10
+    save(page, screenshots, "search-page-image.png")
+
+
+def test_a_rejected_query_shows_the_banner_above_its_results(
+    page: WebDriver, client: httpx.Client, screenshots: Path
+) -> None:
+    summary = page.find_element(By.CSS_SELECTOR, "details.advanced summary")
+    summary.send_keys(Keys.ENTER)  # opens the advanced options from the keyboard
+    page.find_element(By.ID, "reject-threshold").send_keys("0")
+    search_caption(page, CAPTION)
+    answer = client.post("/search/text", json={"text": CAPTION, "reject_threshold": 0}).json()
+    assert answer["query"]["rejected"], "the API does not reject with threshold 0"
+    wait(page, lambda b: b.find_element(By.ID, "banner").is_displayed())
+    assert "not confident in these results" in page.find_element(By.ID, "banner").text
+    assert "over" in page.find_element(By.ID, "gauge").get_attribute("class")
+    assert "above the threshold 0" in page.find_element(By.ID, "gauge-text").text
+    assert len(cards(page, "text")) == 10 and all(c.is_displayed() for c in cards(page, "text"))
+    save(page, screenshots, "search-page-rejected.png")
+
+
+def test_api_errors_are_shown_as_readable_messages(
+    page: WebDriver, tmp_path: Path, screenshots: Path
+) -> None:
+    page.find_element(By.ID, "text").send_keys("a red circle " * 40, Keys.ENTER)  # > 500 chars
+    wait(page, lambda b: b.find_element(By.ID, "error").is_displayed())
+    message = page.find_element(By.ID, "error").text
+    assert "422" in message and "the limit is 500" in message
+    not_image = tmp_path / "notes.png"
+    not_image.write_text("these are notes, not pixels")
+    page.find_element(By.ID, "image").send_keys(str(not_image))
+    wait(page, lambda b: "415" in b.find_element(By.ID, "error").text)
+    assert "not in an image format" in page.find_element(By.ID, "error").text
+    save(page, screenshots, "search-page-error.png")
+
+
+def test_the_page_works_with_the_keyboard_alone(page: WebDriver) -> None:
+    order = []
+    for _ in range(8):
+        press(page, Keys.TAB)
+        element = page.switch_to.active_element
+        order.append(element.get_attribute("id") or element.tag_name)
+    expected = ["text", "text-submit", "image", "metric", "k", "summary"]
+    assert [item for item in order if item in expected] == expected, order
+    page.find_element(By.ID, "text").send_keys(CAPTION, Keys.ENTER)
+    wait(page, lambda b: len(cards(b, "text")) == 10)
+    first_bar = page.find_element(By.CSS_SELECTOR, "#grid .uncertainty")
+    tooltip = first_bar.find_element(By.CSS_SELECTOR, ".tooltip")
+    assert not tooltip.is_displayed()
+    for _ in range(12):  # from the text box, past the other controls, to the first bar
+        press(page, Keys.TAB)
+        if page.switch_to.active_element == first_bar:
+            break
+    assert page.switch_to.active_element == first_bar
+    assert tooltip.is_displayed() and "gallery's range" in tooltip.text
+
+
+def test_a_phone_screen_needs_no_sideways_scrolling(page: WebDriver, screenshots: Path) -> None:
+    page.set_window_size(*NARROW)
+    search_caption(page, CAPTION)
+    widths = page.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], widths
+    first = cards(page, "text")[0].find_element(By.CSS_SELECTOR, "img.thumb")
+    assert first.size["width"] >= 100
+    save(page, screenshots, "search-page-narrow.png")
+
+
+def test_the_named_reject_score_is_shown_when_the_api_sends_one(page: WebDriver) -> None:
+    # The response names its calibrated score in query.reject_score (DESIGN section 5); a
+    # service without that field is read as MI against reject_threshold.
+    score = {"name": "posterior_entropy", "value": 0.9, "threshold": 0.5}
+    query = {"modality": "text", "rejected": True, "mutual_information": 0.001,
+             "reject_threshold": 0.002, "shortlist_size": 100, "reject_score": score}  # fmt: skip
+    page.execute_script("showVerdict(arguments[0])", query)
+    assert page.find_element(By.ID, "gauge-text").text == (
+        "posterior entropy 0.9 above the threshold 0.5"
+    )
+    assert page.find_element(By.ID, "banner").is_displayed()
+    assert "posterior entropy 0.9" in page.find_element(By.ID, "banner").text
+    page.execute_script(
+        "showVerdict(arguments[0])", {**query, "reject_score": None, "rejected": False}
+    )
+    assert page.find_element(By.ID, "gauge-text").text == (
+        "mutual information 0.001 within the threshold 0.002"
+    )
+    assert not page.find_element(By.ID, "banner").is_displayed()
