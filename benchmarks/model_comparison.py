@@ -89,6 +89,7 @@ LABELS = {
 RETRIEVAL = {"P@1": "P@1", "r_precision": "R-P", "pmrp": "PMRP", "R@1": "R@1"}
 RETRIEVAL |= {"R@1_ceiling": "R@1 ceiling", "R@5": "R@5", "R@10": "R@10"}
 COMPARED = ("P@1", "r_precision", "pmrp")  # the figures of the findings
+SINGLE = "P@1_single_object"  # t2i P@1 of captions naming one object, when the report has it
 
 Figures = dict[str, float]  # one seed's figures, by key "<section>/<direction>/<name>"
 Choices = dict[str, str]  # one seed's val choices: "<direction>/<score>" -> chosen name
@@ -102,7 +103,8 @@ def reusable(marker: Path, settings: dict) -> dict | None:
     if not marker.is_file():
         return None
     saved = json.loads(marker.read_text())
-    return saved.get("result") if saved.get("settings") == settings else None
+    same = saved.get("settings") == json.loads(json.dumps(settings))  # tuples saved as lists
+    return saved.get("result") if same else None
 
 
 def save_marker(marker: Path, settings: dict, result: dict) -> None:
@@ -110,17 +112,17 @@ def save_marker(marker: Path, settings: dict, result: dict) -> None:
     marker.write_text(json.dumps({"settings": settings, "result": result}, indent=1) + "\n")
 
 
-def prepare_data(work: Path, images: int, seed: int) -> tuple[Path, float]:
-    """The shapes dataset in work/data and the seconds it took to generate."""
+def prepare_data(work: Path, images: int, seed: int) -> tuple[Path, float, bool]:
+    """The shapes dataset in work/data, the seconds it took to generate, whether reused."""
     data, marker = work / "data", work / "data.settings.json"
     settings = {"images": images, "seed": seed}
     if (saved := reusable(marker, settings)) is not None and (data / "dataset.json").is_file():
-        return data, saved["seconds"]
+        return data, saved["seconds"], True
     started = time.perf_counter()
     generate_shapes(data, images, seed, overwrite=True, progress=False)
     seconds = time.perf_counter() - started
     save_marker(marker, settings, {"seconds": seconds})
-    return data, seconds
+    return data, seconds, False
 
 
 def prepare_photos(work: Path) -> Path:
@@ -195,7 +197,7 @@ def retrieval_figures(test: dict, metric: str, section: str) -> Figures:
     return {
         f"{section}/{d}/{key}": test["metrics"][metric][d]["retrieval"].get(key, math.nan)
         for d in DIRECTIONS
-        for key in RETRIEVAL
+        for key in (*RETRIEVAL, SINGLE)
     }
 
 
@@ -285,7 +287,8 @@ class Stat:
         if self.n == 0:
             return "n/a"
         out = f"{self.mean:.{digits}f}"
-        out += f" ± {self.sd:.{digits}f}" if self.n > 1 else " (one seed)"
+        if self.n > 1:
+            out += f" ± {self.sd:.{digits}f}"
         return out + (f" ({self.n} of {self.seeds} seeds)" if self.n < self.seeds else "")
 
 
@@ -296,13 +299,14 @@ def aggregate(results: list[SeedResult]) -> dict[str, Stat]:
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    return [*lines, *("| " + " | ".join(row) + " |" for row in rows), ""]
+    return [*lines, *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 def chosen_names(results: list[SeedResult], key: str) -> str:
-    """The val choices of one score over the seeds, e.g. "T 0.1, 0.1, 1"."""
+    """The val choices over the seeds: "T 0.1, 0.1, 1" for one score's temperatures, else the
+    names, e.g. "MI@T0.1, log-det, log-det" for the reject score."""
     names = [r.choices.get(key, "-") for r in results]
-    if all("@T" in n for n in names):
+    if not key.endswith("/reject") and all("@T" in n for n in names):
         return "T " + ", ".join(n.split("@T")[1] for n in names)
     return ", ".join(short_score(n) for n in names)
 
@@ -320,34 +324,28 @@ Results = dict[str, list[SeedResult]]  # run name -> one result per seed
 
 
 def retrieval_section(runs: list[Run], stats: Stats) -> list[str]:
+    """Per direction, every retrieval figure of each run's own metric; then the extra metrics.
+    The t2i table also shows P@1 of single-object captions when the report has it."""
     lines = []
     for d in DIRECTIONS:
+        keys = list(RETRIEVAL)
+        if any(stats[r.name].get(f"retrieval/{d}/{SINGLE}", Stat.of([])).n for r in runs):
+            keys.insert(1, SINGLE)
+        header = ["model", "metric", *(RETRIEVAL.get(k, "P@1 single object") for k in keys)]
         rows = [
-            [
-                run.name,
-                run.metric,
-                *(stats[run.name][f"retrieval/{d}/{k}"].text() for k in RETRIEVAL),
-            ]
+            [run.name, run.metric, *(stats[run.name][f"retrieval/{d}/{k}"].text() for k in keys)]
             for run in runs
         ]
-        lines += [f"### {d}", "", *table(["model", "metric", *RETRIEVAL.values()], rows)]
+        lines += [f"### {d}", "", *table(header, rows), ""]
     extra = [(run, m) for run in runs for m in run.extra]
     if extra:
-        lines += ["### The same models ranked with their other metrics", ""]
         header = ["model", "metric", *(f"{RETRIEVAL[k]} {d}" for d in DIRECTIONS for k in COMPARED)]
+        keys = [f"{d}/{k}" for d in DIRECTIONS for k in COMPARED]
         rows = [
-            [
-                run.name,
-                m,
-                *(
-                    stats[run.name][f"extra-{m}/{d}/{k}"].text()
-                    for d in DIRECTIONS
-                    for k in COMPARED
-                ),
-            ]
+            [run.name, m, *(stats[run.name][f"extra-{m}/{key}"].text() for key in keys)]
             for run, m in extra
         ]
-        lines += table(header, rows)
+        lines += ["### The same models ranked with their other metrics", "", *table(header, rows)]
     return lines
 
 
@@ -366,13 +364,18 @@ def uncertainty_section(runs: list[Run], stats: Stats, results: Results) -> list
             cells.append(chosen_names(results[run.name], f"{d}/reject"))
             cells.append(stats[run.name][f"nauprc/{d}/reject"].text(3))
             rows.append(cells)
-        lines += [f"### {d}: normalised AUPRC on test", "", *table(header, rows)]
+        lines += [f"### {d}: normalised AUPRC on test", "", *table(header, rows), ""]
         header = ["model", *(LABELS[s] for s in SCORES), "reject score"]
         rows = [
             [run.name, *(stats[run.name][f"spearman/{d}/{s}"].text(2) for s in (*SCORES, "reject"))]
             for run in runs
         ]
-        lines += [f"### {d}: Spearman with ln(#plausible matches), test", "", *table(header, rows)]
+        lines += [
+            f"### {d}: Spearman with ln(#plausible matches), test",
+            "",
+            *table(header, rows),
+            "",
+        ]
     return lines
 
 
@@ -422,11 +425,10 @@ def verdict(model: Stat, base: Stat) -> str:
         return "not judged (needs 2+ seeds)"
     difference = model.mean - base.mean
     spread = max(model.sd, base.sd)
+    numbers = f"({model.mean:.1f} vs {base.mean:.1f}, spread {spread:.1f})"
     if abs(difference) <= spread:
-        return f"no difference ({difference:+.1f}, spread {spread:.1f})"
-    return (
-        f"{'ahead' if difference > 0 else 'behind'} by {abs(difference):.1f} (spread {spread:.1f})"
-    )
+        return f"no difference {numbers}"
+    return f"{'ahead' if difference > 0 else 'behind'} by {abs(difference):.1f} {numbers}"
 
 
 def findings(runs: list[Run], stats: Stats) -> list[str]:
@@ -436,19 +438,31 @@ def findings(runs: list[Run], stats: Stats) -> list[str]:
     lines = []
     base = stats[BASELINE]
     for run in (r for r in runs if r.name != BASELINE):
-        parts = []
-        for d, key in itertools.product(DIRECTIONS, COMPARED):
-            figure = f"retrieval/{d}/{key}"
-            model, point = stats[run.name][figure], base[figure]
-            parts.append(
-                f"{RETRIEVAL[key]} {d} {model.text()} vs {point.text()}: {verdict(model, point)}"
-            )
-        lines.append(f"- {run.name} vs {BASELINE}: " + "; ".join(parts) + ".")
-    return lines
+        lines.append(f"- {run.name} ({run.metric}) against {BASELINE}:")
+        for d in DIRECTIONS:
+            parts = []
+            for key in COMPARED:
+                model, point = stats[run.name][f"retrieval/{d}/{key}"], base[f"retrieval/{d}/{key}"]
+                parts.append(f"{RETRIEVAL[key]} {verdict(model, point)}")
+            lines.append(f"  - {d}: " + "; ".join(parts) + ".")
+    return [
+        f"Means of the test figures of the retrieval tables below (%), {BASELINE} as the "
+        "reference; spread: the larger of the two sds. A difference no larger than the spread is "
+        "no difference.",
+        "",
+        *lines,
+    ]
 
 
 def training_section(runs: list[Run], stats: Stats, results: Results) -> list[str]:
-    header = ["model", "ModelConfig", "TrainConfig", "best epoch", "epochs run", "training min"]
+    header = [
+        "model",
+        "ModelConfig",
+        "TrainConfig",
+        "best epoch",
+        "epochs run",
+        "training min per seed",
+    ]
     rows = []
     for run in runs:
         s = stats[run.name]
@@ -494,7 +508,8 @@ def plot_rejection(run: Run, result: SeedResult, seed: int, path: Path) -> None:
                 continue
             curve = rejection[name]
             label = f"{short_score(name)} (nAUPRC {curve['normalized_auprc']:.3f})"
-            ax.plot(curve["coverage"], curve["precision"], label=label)
+            width = 3.0 if score == "log_det" else 1.2  # entropy, its affine image, lies on it
+            ax.plot(curve["coverage"], curve["precision"], linewidth=width, label=label)
         for name, style in (("random", ":"), ("oracle", "--")):
             curve = rejection[name]
             label = f"{name} (AUPRC {curve['auprc']:.3f})"
@@ -530,6 +545,9 @@ def setup_lines(
     trained = [r.training for rs in results.values() for r in rs]
     fresh = sum(r["seconds"] for r in trained if not r["reused"]) / 60
     total = sum(r["seconds"] for r in trained) / 60
+    reused = sum(r["reused"] for r in trained)
+    made_here = fresh * 60 + (0.0 if info["data_reused"] else info["data_seconds"])
+    scratch = info["wall"] - made_here + total * 60 + info["data_seconds"]
     return [
         f"- data: shapes, {args.images} images, data seed {args.data_seed}, splits "
         f"{meta['splits']}; figures on the test split ({first['data']['images']} images, "
@@ -548,11 +566,12 @@ def setup_lines(
         f"{info['load'][0]:.2f} at start, {info['load'][1]:.2f} at end (timings are indicative on "
         "a shared machine).",
         f"- command: `{args.command}`",
-        f"- wall time of this run: {info['wall'] / 60:.1f} min (data generation "
-        f"{info['data_seconds'] / 60:.1f} min when not reused, training here {fresh:.1f} min, "
-        f"evaluation {info['eval'] / 60:.1f} min). Training of all models and seeds took "
-        f"{total:.1f} min in all; from scratch the whole run takes about "
-        f"{(info['data_seconds'] + total * 60 + info['eval']) / 60:.1f} min.",
+        f"- wall time of this run: {info['wall'] / 60:.1f} min: data "
+        + ("reused" if info["data_reused"] else f"{info['data_seconds'] / 60:.1f} min")
+        + f", training {fresh:.1f} min ({reused} of {len(trained)} models reused), evaluation "
+        f"{info['eval'] / 60:.1f} min. From scratch (reused data and models counted with the "
+        f"time they took when made) it takes about {scratch / 60:.1f} min; training time per "
+        "model: the training table.",
     ]
 
 
@@ -573,6 +592,8 @@ HOW_TO_READ = """\
 - mahalanobis uses the gallery item's variance: for gce t2i and gie i2t the gallery is the point
   modality, so those directions rank by Euclidean distance of the means.
 - Findings: a difference of means no larger than the larger of the two sds is "no difference".
+- "(k of n seeds)": the figure is undefined for the other seeds (nAUPRC when every answer is
+  right or every one wrong; Spearman when the score is constant) and the mean is over k seeds.
 """
 
 
@@ -605,6 +626,8 @@ def render(args: argparse.Namespace, runs: list[Run], results: Results, info: di
         "",
     ]
     for title, lines in sections:
+        while lines and not lines[-1]:
+            lines = lines[:-1]
         out += [f"## {title}", "", *lines, ""]
         if title.startswith("Uncertainty"):
             out += [
@@ -652,7 +675,7 @@ def main() -> None:
     # One torch thread: results then do not depend on the core count (two threads change the
     # float reduction order), and on a shared 2-core machine two threads ran 5-10x slower.
     torch.set_num_threads(1)
-    data, data_seconds = prepare_data(args.work_dir, args.images, args.data_seed)
+    data, data_seconds, data_reused = prepare_data(args.work_dir, args.images, args.data_seed)
     photos = prepare_photos(args.work_dir)
     trained = {
         (run.name, seed): train_run(run, data, args.work_dir, args, seed)
@@ -675,6 +698,7 @@ def main() -> None:
     info = {
         "data": data,
         "data_seconds": data_seconds,
+        "data_reused": data_reused,
         "photos": len(list(photos.glob("*.png"))),
         "eval": eval_seconds,
         "load": (load_start, os.getloadavg()[0]),
