@@ -116,11 +116,14 @@ def train(
     from models.datasets.records import DatasetError
     from models.export import ExportError
     from models.model_config import ConfigError
+    from models.settings import ProbsearchSettings
+    from models.threads import configure_torch_threads
     from models.train import train as run_training
     from models.training_data import TrainingDataError
 
     started = time.perf_counter()
     out = _model_dir(out, "--out")
+    configure_torch_threads(ProbsearchSettings().threads)
     try:
         model_config = ModelConfig(
             model_type=model_type,

@@ -12,6 +12,7 @@ from models.evaluate import EvalConfig, EvaluationError, evaluate_model
 from models.evaluation_report import markdown_report, write_report
 from models.gaussian import UnknownMetricError, check_metric
 from models.settings import ProbsearchSettings
+from models.threads import configure_torch_threads
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -71,6 +72,7 @@ def eval_command(
     dataset shift (--ood); the crop experiment."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = ProbsearchSettings()
+    configure_torch_threads(settings.threads)
     model_dir = model or settings.model
     if model_dir is None:
         raise _fail("no model dir: pass --model MODEL_DIR or set PROBSEARCH_MODEL", 2)

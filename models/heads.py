@@ -51,6 +51,7 @@ class GaussianHeads(nn.Module):
         self.covariance = config.covariance
         self.logvar_min, self.logvar_max = config.logvar_bounds
         self.logvar_init = config.logvar_init
+        self.variance_reads_only = config.variance_reads_only
         self.point_logvar = config.point_logvar
         self.mu_head = nn.Linear(in_features, dim)
         if gaussian:
@@ -65,6 +66,8 @@ class GaussianHeads(nn.Module):
             mu = nn.functional.normalize(mu, dim=-1)
         if self.logvar_head is None:
             return mu, torch.full_like(mu, self.point_logvar)
+        if self.variance_reads_only:
+            features = features.detach()
         raw = self.logvar_head(features)  # (M, D) or (M, 1)
         if self.covariance == "spherical-avgpool":
             raw = raw.mean(dim=-1, keepdim=True)  # (M, 1)

@@ -73,6 +73,9 @@ class ModelConfig:
     var_min: float = 1e-6  # safety bounds of the variance, far outside its working range
     var_max: float = 1e3
     logvar_init: float = -4.0  # log-variance of a new model (sigma about 0.14 per dim)
+    # The variance head reads the trunk's features without training them (its loss then
+    # cannot pull the features away from what the means need).
+    variance_reads_only: bool = False
     point_logvar: float = 0.0
     normalize_mu: bool = True
     dropout: float = 0.1
@@ -227,7 +230,9 @@ class TrainConfig:
     lr_patience: int = 3  # epochs without improvement before lr *= lr_decay
     lr_decay: float = 0.1
     objective: str = "hinge"  # hinge | pcme | pcmepp (models.objectives)
-    variance_objective: str = ""  # "" | pcmepp: fit the variance alone to the match matrix
+    # "" | pcmepp | spread: fit the variances alone, on the detached means (models.objectives)
+    variance_objective: str = ""
+    positives: str = "pairs"  # pairs | plausible: which (image, caption) pairs of a batch match
     margin: float = 0.2
     negatives: str = "sum"
     warmup_epochs: int = 1  # epochs with the sum-over-negatives loss before `negatives`
@@ -251,10 +256,12 @@ class TrainConfig:
             raise ConfigError(f"unknown negatives {self.negatives!r}; choose hardest or sum")
         if self.objective not in ("hinge", "pcme", "pcmepp"):
             raise ConfigError(f"unknown objective {self.objective!r}; choose hinge, pcme or pcmepp")
-        if self.variance_objective not in ("", "pcmepp"):
+        if self.variance_objective not in ("", "pcmepp", "spread"):
             raise ConfigError(
                 f"unknown variance objective {self.variance_objective!r}; choose pcmepp or none"
             )
+        if self.positives not in ("pairs", "plausible"):
+            raise ConfigError(f"unknown positives {self.positives!r}; choose pairs or plausible")
         if self.vib_beta < 0 or self.uniformity_weight < 0 or self.pseudo_positive_weight < 0:
             raise ConfigError("regulariser weights must be >= 0")
         if self.match_samples < 1:

@@ -7,6 +7,7 @@ index) read it directly, and the service's Settings extends it with the serving 
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,3 +22,6 @@ class ProbsearchSettings(BaseSettings):
     model: Path | None = None  # PROBSEARCH_MODEL: a model dir written by `probsearch train`
     redis_url: str | None = None  # PROBSEARCH_REDIS_URL; None: no Redis (pointer files only)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # PROBSEARCH_DEVICE
+    # PROBSEARCH_THREADS: torch threads of the offline commands; None: the CPUs this process
+    # may use (models.threads)
+    threads: int | None = Field(None, ge=1)

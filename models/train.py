@@ -188,8 +188,14 @@ def train_epoch(
         caption_mu, caption_logvar = model.encode_texts(
             ids.to(device), lengths.to(device), generator, stochastic=True
         )
+        owner = owner.to(device)
+        plausible = None
+        if config.positives == "plausible" or config.variance_objective == "spread":
+            plausible = split.batch_plausible(image_rows, caption_rows).to(device)
+        own = torch.arange(len(image_rows), device=device)[:, None] == owner[None, :]
+        matches = plausible if config.positives == "plausible" else own
         batch = BatchEmbeddings(
-            image_mu, image_logvar, caption_mu, caption_logvar, owner.to(device)
+            image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible
         )
         match = (model.match_scale, model.match_shift)
         loss = batch_loss(batch, model.config, config, match, negatives, generator)

@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.datasets.records import PairedDataset, load_dataset, plausible_match_matrix
+from models.datasets.records import (
+    CaptionRecord,
+    ImageRecord,
+    PairedDataset,
+    load_dataset,
+    plausible_match_matrix,
+)
 from models.model_config import ModelConfig
 from models.preprocess import InvalidImageError, load_image, normalize_uint8, resize_to_uint8
 from models.tokenizer import Tokenizer
@@ -26,7 +32,9 @@ class SplitTensors:
 
     pixels: uint8 (N_img, 3, H, W); ids: int64 (N_cap, T) padded token ids; lengths: int64
     (N_cap,); caption_image: int64 (N_cap,) row of each caption's image in `pixels`;
-    plausible: bool (N_cap, N_img) the dataset's plausible matches (validation split only).
+    plausible: bool (N_cap, N_img) the dataset's plausible matches (validation split only);
+    caption_records, image_records: the records in row order, to judge plausible matches
+    between the items of a batch.
     """
 
     pixels: torch.Tensor
@@ -34,6 +42,15 @@ class SplitTensors:
     lengths: torch.Tensor
     caption_image: torch.Tensor
     plausible: torch.Tensor | None = None
+    caption_records: tuple[CaptionRecord, ...] = ()
+    image_records: tuple[ImageRecord, ...] = ()
+
+    def batch_plausible(self, image_rows: torch.Tensor, caption_rows: torch.Tensor) -> torch.Tensor:
+        """(B, M) bool: caption m of the batch plausibly matches image b of the batch (for a
+        dataset without object annotations, only a caption's own image)."""
+        captions = [self.caption_records[int(r)] for r in caption_rows]
+        images = [self.image_records[int(r)] for r in image_rows]
+        return torch.from_numpy(plausible_match_matrix(captions, images)).T
 
     @property
     def num_images(self) -> int:
@@ -90,6 +107,8 @@ def _to_tensors(
         torch.from_numpy(lengths),
         torch.from_numpy(caption_image),
         None if plausible is None else torch.from_numpy(plausible),
+        tuple(split.captions),
+        tuple(images),
     )
 
 

@@ -174,6 +174,7 @@ def demo(
     """Build (or reuse) the shapes data, model, indexes and calibration, then serve on :8000."""
     import httpx
 
+    from models.threads import configure_torch_threads
     from service.background_server import BackgroundServer
     from service.demo import SMALL_PLAN, DemoPlan, build_demo, redis_answering, run_examples
 
@@ -185,6 +186,7 @@ def demo(
         else:
             typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
             url = None
+        configure_torch_threads(settings.threads)
         paths = build_demo(cache_dir.resolve(), SMALL_PLAN if small else DemoPlan(), url)
         if not serve:
             return

@@ -22,6 +22,7 @@ import redis
 from indexer.calibration import CalibrationJob, Target, run_calibration
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
+from models.datasets.photos import write_photos
 from models.datasets.shapes import generate_shapes
 from models.model_config import ModelConfig, TrainConfig
 from models.train import train
@@ -195,45 +196,75 @@ def build_demo(
     return paths
 
 
-EXAMPLE_CANDIDATES = 40  # test captions / images tried to find an answered and a rejected one
+EXAMPLE_CANDIDATES = 60  # test captions / images tried for each example
 
 
-def _test_examples(paths: DemoPaths) -> tuple[list[str], list[Path]]:
-    """Captions and image files of the test split (the galleries hold the test split)."""
-    texts = [
-        json.loads(line)["text"]
-        for line in (paths.data / "captions.jsonl").read_text().splitlines()
-        if json.loads(line)["split"] == "test"
-    ]
-    images = [
-        paths.data / json.loads(line)["file"]
-        for line in (paths.data / "images.jsonl").read_text().splitlines()
-        if json.loads(line)["split"] == "test"
-    ]
-    return texts[:EXAMPLE_CANDIDATES], images[:EXAMPLE_CANDIDATES]
+@dataclass(frozen=True)
+class DemoExamples:
+    """What the demo's examples are drawn from: the test split (the galleries hold it) and
+    real photographs (images unlike anything the model was trained on)."""
+
+    captions: list[dict[str, Any]]  # test caption records (JSON), single-object ones first
+    images: list[Path]
+    labels: dict[str, list[str]]  # image id -> its "<colour> <shape>" labels
+    photos: list[Path]
 
 
-def _describe(body: dict[str, Any]) -> str:
-    query = body["query"]
-    top = ", ".join(f"{hit['id']} ({hit['distance']:.3f})" for hit in body["results"])
-    verdict = "REJECTED" if query["rejected"] else "answered"
-    return (
-        f"{verdict}: MI {query['mutual_information']:.4f} vs tau {query['reject_threshold']}; "
-        f"top: {top}"
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _single_object(caption: dict[str, Any]) -> bool:
+    named = caption.get("named") or []
+    return len(named) == 1 and named[0]["count"] == 1 and bool(named[0]["shape"])
+
+
+def load_examples(paths: DemoPaths) -> DemoExamples:
+    """The test split's captions and images, and the photographs (written on first use)."""
+    images = [im for im in _jsonl(paths.data / "images.jsonl") if im["split"] == "test"]
+    captions = [c for c in _jsonl(paths.data / "captions.jsonl") if c["split"] == "test"]
+    captions.sort(key=lambda c: not _single_object(c))  # stable: single-object captions first
+    photos_dir = paths.root / "photos"
+    if not any(photos_dir.glob("*.png")):
+        write_photos(photos_dir)
+    return DemoExamples(
+        captions=captions[:EXAMPLE_CANDIDATES],
+        images=[paths.data / im["file"] for im in images[:EXAMPLE_CANDIDATES]],
+        labels={im["id"]: im["labels"] for im in images},
+        photos=sorted(photos_dir.glob("*-full.png")),
     )
 
 
+def _verdict(query: dict[str, Any]) -> str:
+    reject = query["reject_score"]
+    value = "n/a" if reject["value"] is None else f"{reject['value']:.3f}"
+    word = "REJECTED" if query["rejected"] else "answered"
+    return f"{word} ({reject['name']} {value}, threshold {reject['threshold']})"
+
+
+def _describe_images(body: dict[str, Any], labels: dict[str, list[str]]) -> str:
+    hits = [f"{h['id']} [{', '.join(labels.get(h['id'], []))}]" for h in body["results"]]
+    return f"{_verdict(body['query'])}; top: " + "; ".join(hits)
+
+
+def _describe_captions(body: dict[str, Any]) -> str:
+    hits = [f'"{h["metadata"].get("text", h["id"])}"' for h in body["results"]]
+    return f"{_verdict(body['query'])}; top: " + "; ".join(hits)
+
+
 def run_examples(http: Any, url: str, paths: DemoPaths, say: Say) -> None:
-    """Send a text query and an image upload the service answers, and a text query it rejects
-    (by its calibrated threshold when one of the tried captions is rejected); print curls."""
-    texts, images = _test_examples(paths)
-    answered, rejected = _first_text_queries(http, url, texts)
-    say(f"\n# text -> images\n{_text_curl(url, answered[0])}\n  {_describe(answered[1])}")
-    image, body = _first_answered_image(http, url, images)
+    """Show a caption and an image the service answers, and a photograph it rejects (a kind
+    of image it was never trained on), each as a curl command and its answer."""
+    examples = load_examples(paths)
+    request, body = _answered_caption(http, url, examples)
+    say(f"\n# text -> images\n{_text_curl(url, request)}\n  "
+        f"{_describe_images(body, examples.labels)}")  # fmt: skip
+    image, body = _first_upload(http, url, examples.images, rejected=False)
     say(f"\n# image -> captions (upload)\ncurl -s {url}/search/image -F image=@{image} -F k=3"
-        f"\n  {_describe(body)}")  # fmt: skip
-    rejected_curl = _text_curl(url, rejected[0])
-    say(f"\n# a query the service rejects\n{rejected_curl}\n  {_describe(rejected[1])}")
+        f"\n  {_describe_captions(body)}")  # fmt: skip
+    photo, body = _first_upload(http, url, examples.photos, rejected=True)
+    say(f"\n# a photograph: nothing like the shapes it knows, so it should be rejected\n"
+        f"curl -s {url}/search/image -F image=@{photo} -F k=3\n  {_describe_captions(body)}")
 
 
 def _text_curl(url: str, request: dict) -> str:
@@ -242,30 +273,35 @@ def _text_curl(url: str, request: dict) -> str:
     )
 
 
-def _first_text_queries(http: Any, url: str, texts: list[str]) -> tuple[tuple, tuple]:
-    """(request, body) of the first answered and of the first rejected caption; a rejected
-    one is forced with reject_threshold 0 when the calibrated threshold rejects none."""
-    found: dict[bool, tuple[dict, dict]] = {}
-    for text in texts:
-        request = {"text": text, "k": 3}
+def _answered_caption(http: Any, url: str, examples: DemoExamples) -> tuple[dict, dict]:
+    """The first test caption (single-object ones first) that is answered and whose first
+    result holds what it names; else the first one tried."""
+    first = None
+    for caption in examples.captions:
+        request = {"text": caption["text"], "k": 3}
         body = _checked(http.post(f"{url}/search/text", json=request))
-        found.setdefault(body["query"]["rejected"], (request, body))
-        if len(found) == 2:
-            break
-    if True not in found:
-        request = {"text": texts[0], "k": 3, "reject_threshold": 0.0}
-        found[True] = (request, _checked(http.post(f"{url}/search/text", json=request)))
-    return found.get(False, found[True]), found[True]
+        first = first or (request, body)
+        top = body["results"][0]["id"] if body["results"] else None
+        if not body["query"]["rejected"] and _names_held(caption, examples.labels.get(top, [])):
+            return request, body
+    return first
 
 
-def _first_answered_image(http: Any, url: str, images: list[Path]) -> tuple[Path, dict]:
-    """The first test image the service answers (else the first one) and its response."""
+def _names_held(caption: dict[str, Any], labels: list[str]) -> bool:
+    """Whether every "<colour> <shape>" the caption names is among the image's labels."""
+    named = caption.get("named") or []
+    wanted = {f"{d['color']} {d['shape']}" for d in named if d["color"] and d["shape"]}
+    return bool(wanted) and wanted <= set(labels)
+
+
+def _first_upload(http: Any, url: str, images: list[Path], rejected: bool) -> tuple[Path, dict]:
+    """The first image whose verdict is `rejected` (else the first one) and its response."""
     first = None
     for image in images:
         with image.open("rb") as handle:
             files = {"image": (image.name, handle, "image/png")}
             body = _checked(http.post(f"{url}/search/image", files=files, data={"k": "3"}))
-        if not body["query"]["rejected"]:
+        if body["query"]["rejected"] is rejected:
             return image, body
         first = first or (image, body)
     return first

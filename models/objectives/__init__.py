@@ -4,10 +4,11 @@
 - pcme: PCME's soft contrastive loss on the sampled match probability.
 - pcmepp: PCME++'s BCE on the closed-form sampled distance, with pseudo-positives.
 Each can add the VIB term (KL to N(0, I)) for the Gaussian modalities and the uniformity term.
-With variance_objective "pcmepp", the means come from the objective alone and the variances
-from PCME++'s loss on the detached means: the variance's only job is then to make the match
-probability sigmoid(-a * csd + b) right, which means growing where a caption or image
-matches many items of the batch about equally well.
+With a variance_objective the means come from the objective alone and the variances from a
+loss on the detached means: "pcmepp" fits PCME++'s match probability sigmoid(-a * csd + b);
+"spread" makes each variance the spread of the item's plausible matches in the batch (it
+needs a dataset that records what each caption names; with own pairs only, every item has
+one partner and gets the floor variance).
 """
 
 from __future__ import annotations
@@ -19,20 +20,24 @@ import torch
 from models.model_config import ModelConfig, TrainConfig
 from models.objectives.hinge import hinge_triplet_loss, similarity_matrix
 from models.objectives.match_probability import pcme_loss, pcmepp_loss
-from models.objectives.regularizers import uniformity_loss, vib_loss
+from models.objectives.regularizers import partner_spread_loss, uniformity_loss, vib_loss
 
 OBJECTIVES: tuple[str, ...] = ("hinge", "pcme", "pcmepp")
 
 
 @dataclass
 class BatchEmbeddings:
-    """One training batch, embedded: images (B, D), captions (M, D), owner (M,) image rows."""
+    """One training batch, embedded: images (B, D), captions (M, D), owner (M,) image rows;
+    `matches` (B, M) bool marks the pairs the objective treats as matching (the own pairs, or
+    all plausible ones)."""
 
     image_mu: torch.Tensor
     image_logvar: torch.Tensor
     caption_mu: torch.Tensor
     caption_logvar: torch.Tensor
     caption_image: torch.Tensor
+    matches: torch.Tensor
+    partners: torch.Tensor | None = None  # (B, M) plausible matches, for variance "spread"
 
 
 def batch_loss(
@@ -48,21 +53,34 @@ def batch_loss(
     caption = (batch.caption_mu, batch.caption_logvar)
     if train_config.objective == "pcme":
         loss = pcme_loss(
-            image, caption, batch.caption_image, *match, train_config.match_samples, generator
+            image, caption, batch.matches, *match, train_config.match_samples, generator
         )
     elif train_config.objective == "pcmepp":
         loss = pcmepp_loss(
-            image, caption, batch.caption_image, *match, train_config.pseudo_positive_weight
+            image,
+            caption,
+            batch.matches,
+            batch.caption_image,
+            *match,
+            train_config.pseudo_positive_weight,
         )
     else:
         similarity = similarity_matrix(
             model_config.model_type, model_config.metric, *image, *caption
         )  # (B, M)
-        loss = hinge_triplet_loss(similarity, batch.caption_image, train_config.margin, negatives)
+        loss = hinge_triplet_loss(
+            similarity, batch.caption_image, train_config.margin, negatives, batch.matches
+        )
+    frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
+    if train_config.variance_objective == "spread" and batch.partners is not None:
+        loss = loss + partner_spread_loss(*frozen_means, batch.partners)
     if train_config.variance_objective == "pcmepp":
-        frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
         loss = loss + pcmepp_loss(
-            *frozen_means, batch.caption_image, *match, train_config.pseudo_positive_weight
+            *frozen_means,
+            batch.matches,
+            batch.caption_image,
+            *match,
+            train_config.pseudo_positive_weight,
         )
     if train_config.vib_beta > 0:
         if model_config.gaussian_images:

@@ -42,6 +42,7 @@ def hinge_triplet_loss(
     caption_image: torch.Tensor,
     margin: float = DEFAULT_MARGIN,
     negatives: Negatives = "hardest",
+    matches: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bidirectional hinge triplet loss over the matching pairs of a batch (VSE++).
 
@@ -55,13 +56,17 @@ def hinge_triplet_loss(
             direction (max violation); "sum" adds the violations of all negatives.
 
     Negatives of a pair are the other images (for its caption) and the captions of other
-    images (for its image); another caption of the same image is never a negative.
+    images (for its image); another caption of the same image is never a negative. With
+    `matches` (N_img, N_cap) bool, no matching pair is a negative either (e.g. a caption that
+    plausibly describes another image of the batch).
     Returns the mean over pairs of the two directions' hinge terms.
     """
     if negatives not in NEGATIVES:
         raise ValueError(f"unknown negatives {negatives!r}; choose one of {', '.join(NEGATIVES)}")
     num_images = similarity.shape[0]
     positive = torch.arange(num_images, device=similarity.device)[:, None] == caption_image
+    if matches is not None:
+        positive = positive | matches
     matched = similarity.gather(0, caption_image[None, :]).squeeze(0)  # (N_cap,)
     image_cost = (margin + similarity - matched[None, :]).clamp(min=0)  # (N_img, N_cap)
     image_cost = image_cost.masked_fill(positive, 0.0)

@@ -44,7 +44,7 @@ def _pair_mean(positive_loss: torch.Tensor, negative_loss: torch.Tensor, positiv
 def pcme_loss(
     image: tuple[torch.Tensor, torch.Tensor],
     caption: tuple[torch.Tensor, torch.Tensor],
-    caption_image: torch.Tensor,
+    matches: torch.Tensor,
     scale: torch.Tensor,
     shift: torch.Tensor,
     num_samples: int,
@@ -52,35 +52,35 @@ def pcme_loss(
 ) -> torch.Tensor:
     """PCME's soft contrastive loss of a batch: images (B, D) x captions (M, D).
 
-    -ln p for the matching pairs, -ln(1 - p) for the others, with p the J x J sampled match
-    probability (J = num_samples; noise from `generator`).
+    -ln p for the matching pairs (`matches`, (B, M) bool), -ln(1 - p) for the others, with p
+    the J x J sampled match probability (J = num_samples; noise from `generator`).
     """
     neg_log_p = pairwise_distance(
         "match_prob", *image, *caption,
         num_samples=num_samples, a=scale, b=shift, generator=generator,
     )  # fmt: skip  # (B, M)
     neg_log_p = neg_log_p.clamp_min(1e-6)
-    positive = positive_mask(image[0].shape[0], caption_image)
-    return _pair_mean(neg_log_p, -log1mexp(neg_log_p), positive)
+    return _pair_mean(neg_log_p, -log1mexp(neg_log_p), matches)
 
 
 def pcmepp_loss(
     image: tuple[torch.Tensor, torch.Tensor],
     caption: tuple[torch.Tensor, torch.Tensor],
+    matches: torch.Tensor,
     caption_image: torch.Tensor,
     scale: torch.Tensor,
     shift: torch.Tensor,
     pseudo_positive_weight: float,
 ) -> torch.Tensor:
-    """PCME++'s loss of a batch: BCE of sigmoid(-a * csd + b) against the match matrix, plus
+    """PCME++'s loss of a batch: BCE of sigmoid(-a * csd + b) against `matches`, plus
     `pseudo_positive_weight` x the same BCE with the pseudo-positives counted as matches."""
     csd = pairwise_distance("csd", *image, *caption)  # (B, M)
     logits = -scale * csd + shift
-    positive = positive_mask(image[0].shape[0], caption_image)
-    loss = F.binary_cross_entropy_with_logits(logits, positive.to(logits.dtype))
+    loss = F.binary_cross_entropy_with_logits(logits, matches.to(logits.dtype))
     if pseudo_positive_weight <= 0:
         return loss
-    relabelled = positive | pseudo_positives(csd.detach(), positive, caption_image)
+    own = positive_mask(image[0].shape[0], caption_image)
+    relabelled = matches | pseudo_positives(csd.detach(), own, caption_image)
     smooth = F.binary_cross_entropy_with_logits(logits, relabelled.to(logits.dtype))
     return loss + pseudo_positive_weight * smooth
 

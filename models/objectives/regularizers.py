@@ -26,3 +26,33 @@ def uniformity_loss(mu: torch.Tensor, t: float = 2.0) -> torch.Tensor:
     sq = torch.cdist(mu, mu).pow(2)  # (N, N)
     off_diagonal = ~torch.eye(count, dtype=torch.bool, device=mu.device)
     return torch.logsumexp(-t * sq[off_diagonal], dim=0) - math.log(count * (count - 1))
+
+
+SPREAD_FLOOR = 1e-3  # per-dimension variance of an item with one partner (or tight ones)
+
+
+def partner_spread_loss(
+    image: tuple[torch.Tensor, torch.Tensor],
+    caption: tuple[torch.Tensor, torch.Tensor],
+    partners: torch.Tensor,
+) -> torch.Tensor:
+    """Gaussian NLL that makes each item's variance the spread of its partners' means.
+
+    partners (N_img, N_cap) bool marks the plausible matches of the batch. A caption's
+    partners are the images it plausibly describes; their per-dimension variance around their
+    own mean, plus SPREAD_FLOOR, is the target t, and 0.5 * sum(t / sigma^2 + ln sigma^2) is
+    minimal exactly at sigma^2 = t. So "a red circle", true of images that differ in
+    everything else, gets a large variance; a caption that names every object of one scene a
+    small one. Images likewise, over the captions that describe them. Means are used as given
+    (pass them detached to leave them to the retrieval objective).
+    """
+    weights = partners.to(image[0].dtype)
+
+    def nll(partner_mu: torch.Tensor, w: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+        count = w.sum(0).clamp_min(1.0)[:, None]  # (N, 1) partners per item (columns of w)
+        mean = (w.T @ partner_mu) / count  # (N, D)
+        spread = (w.T @ partner_mu.pow(2)) / count - mean.pow(2)  # (N, D)
+        target = spread.clamp_min(0.0) + SPREAD_FLOOR
+        return 0.5 * (target * torch.exp(-logvar) + logvar).sum(-1).mean()
+
+    return nll(image[0], weights, caption[1]) + nll(caption[0], weights.T, image[1])
