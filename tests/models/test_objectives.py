@@ -2,19 +2,26 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
 from models.model_config import ModelConfig, TrainConfig
 from models.objectives import BatchEmbeddings, batch_loss
+from models.objectives.hinge import hinge_triplet_loss
 from models.objectives.match_probability import (
     log1mexp,
     pcme_loss,
     pcmepp_loss,
     pseudo_positives,
 )
-from models.objectives.regularizers import uniformity_loss, vib_loss
+from models.objectives.regularizers import (
+    SPREAD_FLOOR,
+    partner_spread_loss,
+    uniformity_loss,
+    vib_loss,
+)
 
 
 def gaussians(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,18 +98,57 @@ def test_pcme_loss_uses_the_sampled_match_probability() -> None:
     assert loss.item() == pytest.approx(total / 6, rel=1e-6)
 
 
-def test_variance_objective_leaves_the_means_alone() -> None:
-    """With variance_objective pcmepp, the PCME++ term moves only the variances (and a, b)."""
+@pytest.mark.parametrize("variance_objective", ["pcmepp", "spread"])
+def test_variance_objective_leaves_the_means_alone(variance_objective: str) -> None:
+    """With a variance objective, its term moves only the variances (and a, b)."""
     mu_i, lv_i = (t.float().requires_grad_() for t in gaussians(3, 4, 6))
     mu_c, lv_c = (t.float().requires_grad_() for t in gaussians(3, 4, 7))
     owner = torch.arange(3)
-    batch = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, owner[None, :] == owner[:, None])
+    own = owner[None, :] == owner[:, None]
+    batch = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own, own)
     match = (torch.tensor(2.0), torch.tensor(1.0))
     config = ModelConfig(metric="cosine")
     hinge = batch_loss(batch, config, TrainConfig(), match, "sum", None)
-    both = batch_loss(batch, config, TrainConfig(variance_objective="pcmepp"), match, "sum", None)
+    training = TrainConfig(variance_objective=variance_objective)
+    both = batch_loss(batch, config, training, match, "sum", None)
     grads_hinge = torch.autograd.grad(hinge, [mu_i, mu_c])
     grads_both = torch.autograd.grad(both, [mu_i, mu_c, lv_i], allow_unused=True)
     torch.testing.assert_close(grads_both[0], grads_hinge[0])
     torch.testing.assert_close(grads_both[1], grads_hinge[1])
     assert grads_both[2] is not None and grads_both[2].abs().sum() > 0
+
+
+def test_spread_loss_is_minimal_at_the_spread_of_the_partners() -> None:
+    """The variance that minimises the loss is the partners' variance plus the floor: checked
+    by gradient descent against numpy's own variance of the partner means."""
+    torch.manual_seed(0)
+    image_mu = torch.randn(4, 3, dtype=torch.float64)
+    caption_mu = torch.randn(2, 3, dtype=torch.float64)
+    partners = torch.tensor([[True, True], [True, False], [True, False], [False, True]])
+    image_logvar = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+    caption_logvar = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.Adam([image_logvar, caption_logvar], lr=0.05)
+    for _ in range(3000):
+        optimizer.zero_grad()
+        loss = partner_spread_loss((image_mu, image_logvar), (caption_mu, caption_logvar), partners)
+        loss.backward()
+        optimizer.step()
+    expected_c0 = image_mu[:3].numpy().var(axis=0) + SPREAD_FLOOR  # caption 0: images 0, 1, 2
+    np.testing.assert_allclose(caption_logvar[0].exp().detach().numpy(), expected_c0, rtol=1e-3)
+    expected_i0 = caption_mu.numpy().var(axis=0) + SPREAD_FLOOR  # image 0: captions 0 and 1
+    np.testing.assert_allclose(image_logvar[0].exp().detach().numpy(), expected_i0, rtol=1e-3)
+    single = np.full(3, SPREAD_FLOOR)  # image 3 has one partner: the floor
+    np.testing.assert_allclose(image_logvar[3].exp().detach().numpy(), single, rtol=1e-3)
+
+
+def test_hinge_never_uses_a_matching_pair_as_a_negative() -> None:
+    similarity = torch.tensor([[0.9, 0.8, 0.1], [0.85, 0.2, 0.7]])
+    owner = torch.tensor([0, 0, 1])
+    base = hinge_triplet_loss(similarity, owner, 0.2, "sum")
+    # caption 0 also describes image 1: that pair stops being a negative, so the loss drops by
+    # exactly its two hinge terms (image 1 for caption 0, caption 0 for image 1).
+    matches = torch.tensor([[True, True, False], [True, False, True]])
+    loss = hinge_triplet_loss(similarity, owner, 0.2, "sum", matches)
+    term_image = max(0.0, 0.2 + 0.85 - 0.9)  # image 1 vs own image 0, caption 0
+    term_caption = max(0.0, 0.2 + 0.85 - 0.7)  # caption 0 vs own caption 2, image 1
+    assert (base - loss).item() == pytest.approx((term_image + term_caption) / 3)

@@ -10,9 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 from models.cli import app
+from models.datasets.records import is_plausible_match
 from models.datasets.shapes import generate_shapes
 from models.model_config import ModelConfig
 from models.train import TrainConfig, train
+from models.training_data import load_splits
 
 from .conftest import TINY_TRAINING
 
@@ -155,3 +157,25 @@ def test_cli_reports_missing_captions_and_corrupt_images(small_shapes, tmp_path)
     result = invoke_train(corrupt, tmp_path / "c")
     assert result.exit_code == 2
     assert victim["id"] in result.output and "Traceback" not in result.output
+
+
+def test_batch_plausible_matches_the_dataset_judgement(small_shapes) -> None:
+    train_split, _, _ = load_splits(small_shapes, ModelConfig(embed_dim=8))
+    image_rows, caption_rows = torch.tensor([0, 3, 5, 7]), torch.tensor([1, 2, 11, 20, 31])
+    matrix = train_split.batch_plausible(image_rows, caption_rows)
+    for b, image_row in enumerate(image_rows.tolist()):
+        for m, caption_row in enumerate(caption_rows.tolist()):
+            caption = train_split.caption_records[caption_row]
+            image = train_split.image_records[image_row]
+            assert bool(matrix[b, m]) is is_plausible_match(caption, image)
+    own = train_split.caption_image[caption_rows][None, :] == image_rows[:, None]
+    assert bool(matrix[own].all())  # a caption always plausibly describes its own image
+
+
+def test_spread_variance_training_runs_and_reports_variance_health(small_shapes, tmp_path):
+    config = TrainConfig(epochs=1, batch_size=16, variance_objective="spread", patience=0)
+    model = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
+    result = train(small_shapes, tmp_path / "m", model, config, progress=False, export=False,
+                   log=lambda line: None)  # fmt: skip
+    assert 0.0 <= result.history[0]["at_bound"] <= 1.0
+    assert result.history[0]["log_det_caption"] != result.history[0]["log_det_image"]

@@ -1,0 +1,36 @@
+"""The thread budget: from the CPUs this process may use, not the host's count."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import threads
+
+
+def test_affinity_mask_limits_the_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(threads, "CGROUP_CPU_MAX", tmp_path / "absent")
+    assert threads.available_cpus() == 3
+
+
+QUOTAS = [("150000 100000", 1), ("max 100000", 3), ("400000 100000", 3), ("50000 100000", 1)]
+
+
+@pytest.mark.parametrize(("cpu_max", "expected"), QUOTAS)
+def test_cgroup_quota_caps_the_count(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str, expected: int
+) -> None:
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    monkeypatch.setattr(threads, "CGROUP_CPU_MAX", tmp_path / "cpu.max")
+    assert threads.available_cpus() == expected
+
+
+def test_configure_sets_torch_intra_op_threads() -> None:
+    before = torch.get_num_threads()
+    try:
+        assert threads.configure_torch_threads(1) == 1
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
