@@ -63,6 +63,23 @@ def train(
             "(closed-form sampled distance, pseudo-positives)"
         ),
     ] = DEFAULT_TRAINING.objective,
+    variance_objective: Annotated[
+        str,
+        typer.Option(
+            help="'' | spread (each variance = the spread of the item's plausible matches) | "
+            "pcmepp (PCME++ on the detached means)"
+        ),
+    ] = DEFAULT_TRAINING.variance_objective,
+    variance_reads_only: Annotated[
+        bool,
+        typer.Option(help="the variance head reads the trunk's features without training them"),
+    ] = DEFAULT_MODEL.variance_reads_only,
+    positives: Annotated[
+        str,
+        typer.Option(
+            help="pairs (own captions only) | plausible (no plausible pair is a negative)"
+        ),
+    ] = DEFAULT_TRAINING.positives,
     vib_beta: Annotated[
         float, typer.Option(help="weight of KL(N(mu, sigma^2) || N(0, I)) per Gaussian modality")
     ] = DEFAULT_TRAINING.vib_beta,
@@ -133,6 +150,7 @@ def train(
             dropout=dropout,
             var_min=var_min,
             var_max=var_max,
+            variance_reads_only=variance_reads_only,
         )
         train_config = TrainConfig(
             epochs=epochs,
@@ -140,6 +158,8 @@ def train(
             batch_size=batch_size,
             lr=lr,
             objective=objective,
+            variance_objective=variance_objective,
+            positives=positives,
             margin=margin,
             negatives=negatives,
             vib_beta=vib_beta,
