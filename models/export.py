@@ -30,52 +30,19 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from models.heads import dropout_masks
-from models.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, ModelConfig
+from models.model_config import IMAGE_ONNX_FILE, OPSET, TEXT_ONNX_FILE
 from models.probabilistic_model import ProbabilisticModel, load_model
 
-OPSET = 17
 PARITY_ATOL = 1e-4
 
 
 class ExportError(RuntimeError):
     """The exported graph does not reproduce the torch model."""
-
-
-def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
-    """Names, dtypes and shapes of the two graphs' inputs and outputs (stored in model.json)."""
-    rows = "S*N"
-    outputs = {
-        "mu": ["float32", [rows, config.embed_dim]],
-        "logvar": ["float32", [rows, config.embed_dim]],
-    }
-    size = config.image_size
-    return {
-        "opset": OPSET,
-        "layout": "outputs are draw-major: row s*N + n; s = 0 is the deterministic all-ones "
-        "mask block, s = 1..L the MC-dropout draws; mask entries are 0 or 1/(1-p)",
-        IMAGE_ONNX_FILE: {
-            "inputs": {
-                "images": ["float32", ["N", 3, size, size]],
-                "dropout_masks": ["float32", ["S", "N", config.image_mask_width]],
-            },
-            "outputs": outputs,
-        },
-        TEXT_ONNX_FILE: {
-            "inputs": {
-                "token_ids": ["int64", ["N", "T"]],
-                "lengths": ["int64", ["N"]],
-                "word_masks": ["float32", ["S", "N", "T", config.word_dim]],
-                "head_masks": ["float32", ["S", "N", config.text_hidden]],
-            },
-            "outputs": outputs,
-        },
-    }
 
 
 def _example_inputs(

@@ -47,6 +47,7 @@ VOCAB_FILE = "vocab.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 IMAGE_ONNX_FILE = "image_encoder.onnx"
 TEXT_ONNX_FILE = "text_encoder.onnx"
+OPSET = 17  # ONNX opset of the exported encoders
 
 
 class ConfigError(ValueError):
@@ -181,8 +182,6 @@ class ModelConfig:
 
     def save(self, model_dir: Path | str) -> Path:
         """Write MODEL_DIR/model.json (with the ONNX input/output description) and return it."""
-        from models.export import onnx_io_description  # the I/O layout lives with the export
-
         path = Path(model_dir) / MODEL_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         data = self.to_dict()
@@ -209,6 +208,38 @@ class ModelConfig:
             return cls.from_dict(data)
         except TypeError as e:
             raise ConfigError(f"{path}: {e}") from e
+
+
+def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
+    """Names, dtypes and shapes of the two graphs' inputs and outputs (stored in model.json)."""
+    rows = "S*N"
+    outputs = {
+        "mu": ["float32", [rows, config.embed_dim]],
+        "logvar": ["float32", [rows, config.embed_dim]],
+    }
+    size = config.image_size
+    return {
+        "opset": OPSET,
+        "layout": "outputs are draw-major: row s*N + n; s = 0 is the deterministic all-ones "
+        "mask block, s = 1..L the MC-dropout draws; mask entries are 0 or 1/(1-p)",
+        IMAGE_ONNX_FILE: {
+            "inputs": {
+                "images": ["float32", ["N", 3, size, size]],
+                "dropout_masks": ["float32", ["S", "N", config.image_mask_width]],
+            },
+            "outputs": outputs,
+        },
+        TEXT_ONNX_FILE: {
+            "inputs": {
+                "token_ids": ["int64", ["N", "T"]],
+                "lengths": ["int64", ["N"]],
+                "word_masks": ["float32", ["S", "N", "T", config.word_dim]],
+                "head_masks": ["float32", ["S", "N", config.text_hidden]],
+            },
+            "outputs": outputs,
+        },
+    }
+
 
 
 @dataclass(frozen=True)
