@@ -11,8 +11,10 @@ from models.encoder_runtime import OnnxEncoder
 from service.batching import MicroBatcher
 from service.cache import ResultCache
 from service.errors import AuthenticationError, IndexUnavailableError, UnsupportedMediaTypeError
+from service.image_decode import ImageDecoder
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
+from service.redis_health import RedisHealth
 from service.searcher import Outcome, Query, Searcher
 from service.settings import Settings
 
@@ -29,6 +31,8 @@ class Services:
     batcher: MicroBatcher[Query, Outcome]
     cache: ResultCache
     model_name: str
+    decoder: ImageDecoder
+    redis_health: RedisHealth | None = None
 
 
 def get_services(request: Request) -> Services:

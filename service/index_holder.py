@@ -217,6 +217,10 @@ class IndexHolder:
         except Exception:  # closing must never take a request down with it
             log.exception("closing %s index %s failed", loaded.modality, loaded.version)
 
+    def recover(self) -> None:
+        """Redis answers again (service.redis_health): resubscribe on the next watcher turn."""
+        self._backoff.succeeded()
+
     def unavailable_message(self, modality: str) -> str:
         if modality not in self.galleries:
             return (

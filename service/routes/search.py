@@ -1,6 +1,5 @@
 """POST /search/text, /search/image and /search/embedding: validate, cache, batch, answer."""
 
-import asyncio
 import base64
 import binascii
 import dataclasses
@@ -17,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from models.preprocess import ImageTooLargeError, InvalidImageError, decode_image
+from models.preprocess import ImageTooLargeError, InvalidImageError
 from service.cache import cache_key
 from service.deps import JsonBody, SearchAuth, Services, ServicesDep
 from service.errors import (
@@ -26,6 +25,7 @@ from service.errors import (
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )
+from service.middleware import BodyReadTimeoutError
 from service.schemas import (
     ERROR_RESPONSES,
     EmbeddingSearchRequest,
@@ -103,7 +103,7 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     params = _params(options, services)
     image_sha = hashlib.sha256(data).hexdigest()
     decode_start = time.perf_counter()
-    image = await _decode(data, services.settings.max_image_pixels)
+    image = await _decode(data, services)
     decode_ms = 1000 * (time.perf_counter() - decode_start)
     services.metrics.stage_latency.labels(stage="decode").observe(decode_ms / 1000)
     return await _answer(
@@ -283,6 +283,8 @@ async def _read_image_request(request: Request, max_bytes: int) -> tuple[bytes, 
 async def _read_multipart(request: Request, max_bytes: int) -> tuple[bytes, SearchOptions]:
     try:
         form = await request.form(max_files=1, max_fields=20)
+    except BodyReadTimeoutError:
+        raise
     except Exception as error:  # python-multipart raises several types for malformed bodies
         raise InvalidQueryError(f"malformed multipart body: {error}") from None
     upload = form.get("image")
@@ -321,10 +323,11 @@ async def _read_json_image(request: Request, max_bytes: int) -> tuple[bytes, Sea
     return data, options
 
 
-async def _decode(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode in a worker thread; a file of no image format at all is a 415, not a 422."""
+async def _decode(data: bytes, services: Services) -> Image.Image:
+    """Decode in the decoder's pool; a file of no image format at all is a 415, not a 422."""
+    max_pixels = services.decoder.max_pixels
     try:
-        return await asyncio.to_thread(decode_image, data, max_pixels=max_pixels)
+        return await services.decoder.decode(data)
     except ImageTooLargeError as error:
         raise ImageTooLargeError(
             f"{error}; this service accepts images of at most {max_pixels} pixels: downscale it"
