@@ -133,6 +133,12 @@ class IndexInfo(BaseModel):
     count: int
     dim: int
     metrics: list[str]
+    uncalibrated_metrics: list[str] = Field(
+        description="Metrics served without a rejection threshold (never reject)."
+    )
+    calibration_warning: str | None = Field(
+        description="Why rejection is off for some metrics; null when all are calibrated."
+    )
     manifest: dict[str, Any]
 
 
