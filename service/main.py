@@ -16,10 +16,11 @@ from indexer.publish import model_fingerprint
 from indexer.store import IndexVersion
 from models.encoder_runtime import OnnxEncoder
 from models.model_config import ModelConfig
+from service.auth_limit import FailedAuthLimiter
 from service.batching import MicroBatcher
 from service.cache import ResultCache
-from service.deps import Services
-from service.errors import HANDLED_ERRORS, status_of
+from service.deps import SearchAuth, Services
+from service.errors import HANDLED_ERRORS, TooManyFailedAttemptsError, status_of
 from service.image_decode import ImageDecoder, default_pixel_limit
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
@@ -30,9 +31,11 @@ from service.middleware import (
     RequestMetricsMiddleware,
     error_response,
 )
+from service.openapi_limits import install_openapi_limits
 from service.redis_health import RedisHealth
 from service.rerank import rerank_device
 from service.routes import admin, health, search
+from service.schemas import AUTH_ERROR_RESPONSES
 from service.searcher import GALLERY_OF_KIND, Searcher
 from service.settings import Settings
 
@@ -54,8 +57,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
     app.state.services = None
-    for router in (search.router, health.router, admin.router):
-        app.include_router(router)
+    app.state.auth_limiter = FailedAuthLimiter(
+        settings.admin_auth_max_failures, settings.admin_auth_window_s
+    )
+    _include_routers(app, settings)
+    install_openapi_limits(app, settings)
     _install_error_handlers(app)
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, paths=set(app.openapi()["paths"])
@@ -70,6 +76,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Content-Type", "X-API-Key", "Authorization"],
         )
     return app
+
+
+def _include_routers(app: FastAPI, settings: Settings) -> None:
+    """Search endpoints carry the API key dependency (and so declare its security scheme and
+    401 in the schema) only when require_api_key_for_search is set; admin ones always do."""
+    if settings.require_api_key_for_search:
+        app.include_router(search.router, dependencies=[SearchAuth], responses=AUTH_ERROR_RESPONSES)
+    else:
+        log.info("search endpoints are open: no API key needed (require_api_key_for_search)")
+        app.include_router(search.router)
+    app.include_router(health.router)
+    app.include_router(admin.router)
 
 
 def create_app_from_env() -> FastAPI:
@@ -194,6 +212,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if status == 503:
             headers = {"Retry-After": "5"}
+        if isinstance(error, TooManyFailedAttemptsError):
+            headers = {"Retry-After": str(error.retry_after_s)}
         return error_response(status, code, str(error), headers)
 
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -219,12 +239,24 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected_error)
 
 
+MAX_ERRORS_LISTED = 5
+
+
 def describe_validation_errors(errors: list[dict]) -> str:
     """One readable line per pydantic error, e.g. "k: Input should be greater than or equal
-    to 1"; the input itself is not echoed (it may be huge)."""
-    lines = []
+    to 1"; the input itself is not echoed (it may be huge), and the same error at many list
+    positions (mu.0, mu.1, ...) is reported once with a count."""
+    groups: dict[tuple[str, str], list[str]] = {}
     for error in errors:
         location = [str(part) for part in error.get("loc", ()) if part not in ("body", "form")]
-        where = ".".join(location) or "body"
-        lines.append(f"{where}: {error.get('msg', 'invalid value')}")
+        field = ".".join(part for part in location if not part.isdigit())
+        groups.setdefault((field, error.get("msg", "invalid value")), []).append(
+            ".".join(location) or "body"
+        )
+    lines = []
+    for (_, message), places in list(groups.items())[:MAX_ERRORS_LISTED]:
+        more = f" (and {len(places) - 1} more like it)" if len(places) > 1 else ""
+        lines.append(f"{places[0]}: {message}{more}")
+    if len(groups) > MAX_ERRORS_LISTED:
+        lines.append(f"and {len(groups) - MAX_ERRORS_LISTED} more errors")
     return "; ".join(lines) or "invalid request"

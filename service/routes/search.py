@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 
 from models.preprocess import ImageTooLargeError, InvalidImageError
 from service.cache import cache_key
-from service.deps import JsonBody, SearchAuth, Services, ServicesDep
+from service.deps import JsonBody, Services, ServicesDep
 from service.errors import (
     IndexUnavailableError,
     InvalidQueryError,
@@ -27,7 +27,7 @@ from service.errors import (
 )
 from service.middleware import BodyReadTimeoutError
 from service.schemas import (
-    ERROR_RESPONSES,
+    SEARCH_ERROR_RESPONSES,
     EmbeddingSearchRequest,
     ImageSearchRequest,
     QueryInfo,
@@ -45,11 +45,13 @@ from service.searcher import (
     default_shortlist,
 )
 
-router = APIRouter(prefix="/search", tags=["search"], dependencies=[SearchAuth])
+# The API key dependency is added by the app factory when require_api_key_for_search is set.
+router = APIRouter(prefix="/search", tags=["search"], responses=SEARCH_ERROR_RESPONSES)
 
 _IMAGE_FORM_SCHEMA = {
     "type": "object",
     "required": ["image"],
+    "additionalProperties": False,
     "properties": {
         "image": {"type": "string", "format": "binary", "description": "The image file."},
         **{
@@ -68,9 +70,7 @@ _IMAGE_BODY = {
 }
 
 
-@router.post(
-    "/text", response_model=SearchResponse, responses=ERROR_RESPONSES, dependencies=[JsonBody]
-)
+@router.post("/text", response_model=SearchResponse, dependencies=[JsonBody])
 async def search_text(body: TextSearchRequest, services: ServicesDep) -> Response:
     """Search the image gallery with a caption."""
     start = time.perf_counter()
@@ -93,9 +93,7 @@ async def search_text(body: TextSearchRequest, services: ServicesDep) -> Respons
     )
 
 
-@router.post(
-    "/image", response_model=SearchResponse, responses=ERROR_RESPONSES, openapi_extra=_IMAGE_BODY
-)
+@router.post("/image", response_model=SearchResponse, openapi_extra=_IMAGE_BODY)
 async def search_image(request: Request, services: ServicesDep) -> Response:
     """Search the caption gallery with an image: multipart (field `image`) or JSON base64."""
     start = time.perf_counter()
@@ -118,9 +116,7 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     )
 
 
-@router.post(
-    "/embedding", response_model=SearchResponse, responses=ERROR_RESPONSES, dependencies=[JsonBody]
-)
+@router.post("/embedding", response_model=SearchResponse, dependencies=[JsonBody])
 async def search_embedding(body: EmbeddingSearchRequest, services: ServicesDep) -> Response:
     """Search a gallery with a Gaussian (mu, logvar) computed by the caller's own encoder."""
     start = time.perf_counter()
@@ -301,7 +297,7 @@ async def _read_multipart(request: Request, max_bytes: int) -> tuple[bytes, Sear
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise PayloadTooLargeError(f"image is larger than {max_bytes} bytes (max_image_bytes)")
-    fields = {name: value for name, value in form.multi_items() if name != "image"}
+    fields = {name: _form_value(value) for name, value in form.multi_items() if name != "image"}
     return data, _validate(SearchOptions, fields)
 
 
@@ -339,6 +335,18 @@ async def _decode(data: bytes, services: Services) -> Image.Image:
                 "JPEG, GIF, BMP or WebP file"
             ) from None
         raise
+
+
+def _form_value(value: Any) -> Any:
+    """A form field as the JSON value it spells ("3" -> 3, "true" -> True); other text (a
+    metric name, "null": form fields are never null) stays a string."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return parsed if isinstance(parsed, int | float) else value
 
 
 def _validate(model: type, data: Any) -> Any:
