@@ -38,6 +38,7 @@ class Services:
     cache: ResultCache
     model_name: str
     decoder: ImageDecoder
+    image_batcher: MicroBatcher[Query, Outcome]  # image queries; text and embeddings: batcher
     redis_health: RedisHealth | None = None
 
 

@@ -21,7 +21,11 @@ from service.batching import MicroBatcher
 from service.cache import ResultCache
 from service.deps import SearchAuth, Services
 from service.errors import HANDLED_ERRORS, TooManyFailedAttemptsError, status_of
-from service.image_decode import ImageDecoder, default_pixel_limit
+from service.image_decode import (
+    ImageDecoder,
+    default_concurrent_decodes,
+    default_pixel_limit,
+)
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
 from service.middleware import (
@@ -100,12 +104,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     services = await asyncio.to_thread(build_services, settings, app.state.metrics)
     await services.batcher.start()
+    await services.image_batcher.start()
     app.state.services = services
     try:
         yield
     finally:
         app.state.services = None
         await services.batcher.stop()
+        await services.image_batcher.stop()
         await services.cache.close()
         await asyncio.to_thread(services.holder.stop)
         await asyncio.to_thread(services.decoder.close)
@@ -141,12 +147,18 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         max_shortlist=settings.max_shortlist,
         device=rerank_device(settings.device),
     )
-    batcher = MicroBatcher(
-        searcher.search_batch,
-        max_size=settings.batch_max_size,
-        max_wait_s=settings.batch_max_wait_ms / 1000,
-        on_batch=metrics.batch_size.observe,
-        name="search-batcher",
+    # Image queries have a batcher (and worker thread) of their own: encoding a batch of
+    # images with MC draws takes far longer than a caption, and text queries must not queue
+    # behind it.
+    batcher, image_batcher = (
+        MicroBatcher(
+            searcher.search_batch,
+            max_size=settings.batch_max_size,
+            max_wait_s=settings.batch_max_wait_ms / 1000,
+            on_batch=metrics.batch_size.observe,
+            name=name,
+        )
+        for name in ("search-batcher", "image-batcher")
     )
     cache = ResultCache(
         settings.redis_url,
@@ -157,10 +169,11 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
     )
     health = _start_redis_health(settings, metrics, [cache.recover, holder.recover])
     max_pixels = settings.max_image_pixels or default_pixel_limit(config.image_size)
-    decoder = ImageDecoder(config.image_size, max_pixels, settings.max_concurrent_decodes)
+    concurrent = settings.max_concurrent_decodes or default_concurrent_decodes()
+    decoder = ImageDecoder(config.image_size, max_pixels, concurrent, settings.decode_nice)
     return Services(
         settings, metrics, holder, encoders, searcher, batcher, cache, config.name,
-        decoder=decoder, redis_health=health,
+        decoder=decoder, image_batcher=image_batcher, redis_health=health,
     )  # fmt: skip
 
 

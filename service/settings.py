@@ -82,7 +82,12 @@ class Settings(ProbsearchSettings):
         description="Most pixels decoded per image (JPEGs after their 1/2-1/8 draft scaling); "
         "default (32 x the model's image_size)^2, 4.2 Mpx for a 64 x 64 model.",
     )
-    max_concurrent_decodes: int = Field(2, ge=1, description="Images decoded at the same time.")
+    max_concurrent_decodes: int | None = Field(
+        None, ge=1, description="Images decoded at the same time; default: usable CPUs / 4, >= 1."
+    )
+    decode_nice: int = Field(
+        10, ge=0, le=19, description="How much lower the decode threads' CPU priority is (Linux)."
+    )
     max_k: int = Field(1000, ge=1)
     max_shortlist: int = Field(10_000, ge=1)
     max_mc_samples: int = Field(64, ge=0)

@@ -207,7 +207,8 @@ async def _answer(
     cached = await services.cache.get(cache_key(version, request_hash))
     if cached is not None:
         return Response(cached, media_type="application/json", headers={"X-Cache": "hit"})
-    outcome = await services.batcher.submit(make_query(seed))
+    batcher = services.image_batcher if kind == "image" else services.batcher
+    outcome = await batcher.submit(make_query(seed))
     outcome.timings_ms["encode"] += extra_encode_ms
     outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
     body = _response(outcome, params, services.model_name).model_dump_json().encode()
