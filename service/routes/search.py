@@ -298,6 +298,10 @@ async def _read_multipart(request: Request, max_bytes: int) -> tuple[bytes, Sear
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise PayloadTooLargeError(f"image is larger than {max_bytes} bytes (max_image_bytes)")
+    names = [name for name, _ in form.multi_items()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InvalidQueryError(f"form fields given more than once: {', '.join(repeated)}")
     fields = {name: _form_value(value) for name, value in form.multi_items() if name != "image"}
     return data, _validate(SearchOptions, fields)
 

@@ -1,13 +1,18 @@
-"""Schemathesis hooks (SCHEMATHESIS_HOOKS): positive-data acceptance minus what no schema says.
+"""Schemathesis hooks (SCHEMATHESIS_HOOKS): two built-in checks minus what no request shows.
 
-Everything the service checks is in its OpenAPI schema except two rules JSON Schema cannot
-state: shortlist >= k (a comparison of two fields; documented in the field and the 422) and
-that an uploaded file must be a decodable image of at most max_image_pixels pixels. A
-schema-valid request rejected for any other reason fails as it would in the built-in check.
+positive_data_acceptance: everything the service checks is in its OpenAPI schema except two
+rules JSON Schema cannot state: shortlist >= k (a comparison of two fields; documented in the
+field and the 422) and that an uploaded file must be a decodable image of at most
+max_image_pixels pixels. A schema-valid request rejected for any other reason fails as it
+would in the built-in check.
+
+negative_data_rejection: a multipart case whose only mutation is an empty list sends no part
+at all for that field, so the request on the wire is valid; it is skipped. Every other
+schema-violating request must still get a 4xx.
 """
 
 import schemathesis
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 IMAGE_CONTENT_ERRORS = {"unsupported_media_type", "invalid_image", "image_too_large"}
 
@@ -31,3 +36,19 @@ def positive_data_acceptance_except_cross_field_rules(ctx, response, case):
     if _documented_unschematic_rule(response, case):
         return None
     return positive_data_acceptance(ctx, response, case)
+
+
+def _vanishes_in_multipart(case) -> bool:
+    """A multipart body with an empty list or object: serialised as no part at all."""
+    body = case.body if isinstance(case.body, dict) else {}
+    return (case.media_type or "").startswith("multipart/") and any(
+        isinstance(value, list | dict) and not value for value in body.values()
+    )
+
+
+@schemathesis.check
+def negative_data_rejection_of_what_is_sent(ctx, response, case):
+    """negative_data_rejection, except multipart mutations that vanish when serialised."""
+    if _vanishes_in_multipart(case):
+        return None
+    return negative_data_rejection(ctx, response, case)

@@ -91,6 +91,8 @@ BAD_REQUESTS = {
     "missing image part": (lambda c: c.post("/search/image", files={"k": (None, "3")}),
                            422, "multipart field `image` is missing"),
     "bad form field": (upload(png_claiming(8, 8), k="many"), 422, "k: Input should be a valid"),
+    "repeated form field": (upload(png_claiming(8, 8), k=["3", "4"]), 422,
+                            "form fields given more than once: k"),
     "text/plain to /search/text": (
         lambda c: c.post("/search/text", content=b"cats", headers={"content-type": "text/plain"}),
         415, "send the request body as application/json"),
