@@ -110,6 +110,8 @@ def reindex(
         f" ({report['bad']} skipped, {result.reused_chunks} chunks reused)"
         + ("; activated" if result.activated else "")
     )
+    if result.calibration_note:
+        typer.echo(f"calibration: {result.calibration_note}")
 
 
 def _registry(index_root: Path | None, redis_url: str | None):

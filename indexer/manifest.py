@@ -54,6 +54,7 @@ class Manifest:
     source: str = ""
     files: dict[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    calibration_inherited_from: str | None = None  # version whose calibration was copied
 
     def to_json(self) -> str:
         """Serialise to indented JSON (the on-disk form)."""

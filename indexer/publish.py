@@ -20,6 +20,11 @@ from typing import Any
 import numpy as np
 
 from indexer.build import INDEX_TYPES, IndexBuildError, default_memory_budget, plan_index
+from indexer.calibration_inheritance import (
+    InheritedCalibration,
+    active_manifest,
+    inherit_calibration,
+)
 from indexer.embed import CHUNK_ITEMS, MAX_CAPTION_CHARS, EmbedSummary, embed_gallery, load_chunk
 from indexer.manifest import (
     Calibration,
@@ -102,6 +107,7 @@ class PublishResult:
     activated: bool
     report: dict[str, Any]
     reused_chunks: int
+    calibration_note: str = ""
 
 
 def model_fingerprint(model_dir: Path, modality: str) -> tuple[str, str]:
@@ -162,12 +168,21 @@ def run_reindex(job: ReindexJob) -> PublishResult:
             "model_hash": model_hash,
             "source": str(job.source.resolve()),
         }
-        build_version(tmp_dir, job, summary, version, report, info)
+        inherited = inherit_calibration(
+            active_manifest(registry, job.modality), model_name, model_hash, version_metrics(job)
+        )
+        build_version(tmp_dir, job, summary, version, report, info, inherited)
         path = publish_version(tmp_dir, registry, job.modality, version, job.activate)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)  # gone after the rename; cleanup on failure
     shutil.rmtree(work_dir, ignore_errors=True)
-    return PublishResult(version, path, job.activate, report, summary.reused_chunks)
+    return PublishResult(version, path, job.activate, report, summary.reused_chunks, inherited.note)
+
+
+def version_metrics(job: ReindexJob) -> tuple[str, ...]:
+    """The metrics a version built by `job` serves: those of its index families, then the
+    requested ones (which may be re-ranked from a candidate family)."""
+    return tuple(dict.fromkeys(served_metrics(families_for(job.metrics)) + tuple(job.metrics)))
 
 
 def build_version(
@@ -177,8 +192,12 @@ def build_version(
     version: str,
     report: dict[str, Any],
     info: dict[str, str],
+    inherited: InheritedCalibration | None = None,
 ) -> Manifest:
-    """Write arrays, metadata, indexes, report and manifest of a new version into version_dir."""
+    """Write arrays, metadata, indexes, report and manifest of a new version into version_dir.
+
+    The calibration is `inherited` (see indexer.calibration_inheritance), else none.
+    """
     parts = ((c.mu, c.logvar, c.records) for c in map(load_chunk, summary.chunk_paths))
     write_arrays_and_metadata(version_dir, parts, summary.kept, summary.dim, job.dtype)
     write_report(version_dir / REPORT_NAME, report)
@@ -189,7 +208,9 @@ def build_version(
     plan = plan_index(job.index_type, summary.kept, summary.dim, families, budget)
     index_params, search_params = write_indexes(version_dir, mu, logvar, plan, seed=job.seed)
     del mu, logvar
-    metrics = tuple(dict.fromkeys(served_metrics(families) + tuple(job.metrics)))
+    metrics = version_metrics(job)
+    if inherited is None:
+        inherited = InheritedCalibration({metric: Calibration() for metric in metrics}, None, "")
     manifest = Manifest(
         version=version,
         modality=job.modality,
@@ -202,7 +223,8 @@ def build_version(
         index_type=plan.index_type,
         index_params=index_params,
         search_params=search_params,
-        calibration={metric: Calibration() for metric in metrics},
+        calibration=inherited.calibration,
+        calibration_inherited_from=inherited.source,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         dtype=job.dtype,
         source=info["source"],

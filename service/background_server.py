@@ -15,7 +15,11 @@ class BackgroundServer:
     def __init__(self, settings: Settings, log_level: str = "warning") -> None:
         self.app = create_app(settings)
         config = uvicorn.Config(
-            self.app, host=settings.host, port=settings.port, log_level=log_level
+            self.app,
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level,
+            **settings.uvicorn_options(),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

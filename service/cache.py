@@ -128,6 +128,10 @@ class ResultCache:
             return
         self._on_success()
 
+    def recover(self) -> None:
+        """Redis answers again (service.redis_health): try it on the next request."""
+        self._backoff.succeeded()
+
     async def close(self) -> None:
         """Close the connection pool."""
         if self._client is not None:

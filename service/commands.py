@@ -64,7 +64,11 @@ def serve(
         raise typer.Exit(2) from None
     if settings.workers == 1:
         uvicorn.run(
-            create_app(settings), host=settings.host, port=settings.port, log_level=log_level
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level,
+            **settings.uvicorn_options(),
         )
         return
     # Worker processes rebuild the settings from the environment: hand the flags on there.
@@ -78,6 +82,7 @@ def serve(
         port=settings.port,
         workers=settings.workers,
         log_level=log_level,
+        **settings.uvicorn_options(),
     )
 
 

@@ -8,11 +8,19 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from models.encoder_runtime import OnnxEncoder
+from service.auth_limit import FailedAuthLimiter
 from service.batching import MicroBatcher
 from service.cache import ResultCache
-from service.errors import AuthenticationError, IndexUnavailableError, UnsupportedMediaTypeError
+from service.errors import (
+    AuthenticationError,
+    IndexUnavailableError,
+    TooManyFailedAttemptsError,
+    UnsupportedMediaTypeError,
+)
+from service.image_decode import ImageDecoder
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
+from service.redis_health import RedisHealth
 from service.searcher import Outcome, Query, Searcher
 from service.settings import Settings
 
@@ -29,6 +37,9 @@ class Services:
     batcher: MicroBatcher[Query, Outcome]
     cache: ResultCache
     model_name: str
+    decoder: ImageDecoder
+    image_batcher: MicroBatcher[Query, Outcome]  # image queries; text and embeddings: batcher
+    redis_health: RedisHealth | None = None
 
 
 def get_services(request: Request) -> Services:
@@ -75,12 +86,27 @@ def _check_key(settings: Settings, header: str | None, bearer: HTTPAuthorization
 
 
 def require_admin_key(
+    request: Request,
     settings: SettingsDep,
     header: Annotated[str | None, Depends(_api_key_header)],
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    """/admin/*: always requires a valid API key."""
-    _check_key(settings, header, bearer)
+    """/admin/*: always requires a valid API key; failed attempts are rate limited."""
+    limiter: FailedAuthLimiter = request.app.state.auth_limiter
+    provided = header or (bearer.credentials if bearer is not None else None)
+    client = request.client.host if request.client is not None else None
+    identities = limiter.identities(client, provided)
+    retry_after_s = limiter.retry_after_s(identities)
+    if retry_after_s is not None:
+        raise TooManyFailedAttemptsError(
+            f"too many failed API key attempts; retry in {retry_after_s} s",
+            retry_after_s,
+        )
+    try:
+        _check_key(settings, header, bearer)
+    except AuthenticationError:
+        limiter.failed(identities)
+        raise
 
 
 def require_search_key(

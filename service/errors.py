@@ -31,6 +31,14 @@ class AuthenticationError(ServiceError):
     """A required API key is missing or wrong (401)."""
 
 
+class TooManyFailedAttemptsError(ServiceError):
+    """Too many failed authentications from this client or with this key (429)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class OverloadedError(ServiceError):
     """The request queue is full or the service is shutting down (503; retry later)."""
 
@@ -46,6 +54,7 @@ STATUS_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (IndexUnavailableError, 503, "index_unavailable"),
     (OverloadedError, 503, "overloaded"),
     (AuthenticationError, 401, "unauthorized"),
+    (TooManyFailedAttemptsError, 429, "too_many_failed_attempts"),
 )
 
 HANDLED_ERRORS: tuple[type[Exception], ...] = tuple(row[0] for row in STATUS_TABLE)

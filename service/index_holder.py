@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from indexer.calibration_inheritance import uncalibrated_metrics
 from indexer.registry import EVENTS_CHANNEL, ActiveRegistry
 from indexer.store import IndexVersion, open_version
 from service.cache import REDIS_ERRORS, Backoff, redis_connection_kwargs
@@ -35,6 +36,17 @@ class LoadedIndex:
         self.index = index
         self.in_flight = 0
         self.retired = False
+
+
+def calibration_warning(loaded: LoadedIndex) -> str:
+    """A sentence when the version serves metrics without a rejection threshold, else ""."""
+    missing = uncalibrated_metrics(loaded.index.manifest)
+    if not missing:
+        return ""
+    return (
+        f"the {loaded.modality} index {loaded.version} has no calibration for "
+        f"{', '.join(missing)}: queries are never rejected there; run `probsearch calibrate`"
+    )
 
 
 class IndexHolder:
@@ -208,6 +220,9 @@ class IndexHolder:
         self._metrics.set_active_version(new.modality, new.version, previous)
         self._metrics.index_swaps.labels(modality=new.modality).inc()
         log.info("serving %s index %s (was %s)", new.modality, new.version, previous)
+        warning = calibration_warning(new)
+        if warning:
+            log.warning(warning)
         if old is not None and close_now:
             self._close(old)
 
@@ -216,6 +231,10 @@ class IndexHolder:
             loaded.index.close()
         except Exception:  # closing must never take a request down with it
             log.exception("closing %s index %s failed", loaded.modality, loaded.version)
+
+    def recover(self) -> None:
+        """Redis answers again (service.redis_health): resubscribe on the next watcher turn."""
+        self._backoff.succeeded()
 
     def unavailable_message(self, modality: str) -> str:
         if modality not in self.galleries:

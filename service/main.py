@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,21 +11,36 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer.publish import model_fingerprint
 from indexer.store import IndexVersion
 from models.encoder_runtime import OnnxEncoder
 from models.model_config import ModelConfig
 from models.scoring.rerank import compute_device
+from service.auth_limit import FailedAuthLimiter
 from service.batching import MicroBatcher
 from service.cache import ResultCache
-from service.deps import Services
-from service.errors import HANDLED_ERRORS, status_of
+from service.deps import SearchAuth, Services
+from service.errors import HANDLED_ERRORS, TooManyFailedAttemptsError, status_of
 from service.gallery_stats import GalleryStats
+from service.image_decode import (
+    ImageDecoder,
+    default_concurrent_decodes,
+    default_pixel_limit,
+)
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
+from service.middleware import (
+    BodyReadTimeoutError,
+    BodyReadTimeoutMiddleware,
+    BodySizeLimitMiddleware,
+    RequestMetricsMiddleware,
+    error_response,
+)
+from service.openapi_limits import install_openapi_limits
+from service.redis_health import RedisHealth
 from service.routes import admin, health, items, page, search
+from service.schemas import AUTH_ERROR_RESPONSES
 from service.searcher import GALLERY_OF_KIND, Searcher
 from service.settings import Settings
 
@@ -49,14 +63,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = ServiceMetrics()
     app.state.services = None
     app.state.gallery_stats = GalleryStats()
-    for router in (search.router, health.router, admin.router, items.router, page.router):
-        app.include_router(router)
+    app.state.auth_limiter = FailedAuthLimiter(
+        settings.admin_auth_max_failures, settings.admin_auth_window_s
+    )
+    _include_routers(app, settings)
     app.mount("/static", page.static_files(), name="static")
+    install_openapi_limits(app, settings)
     _install_error_handlers(app)
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, paths=set(app.openapi()["paths"])
     )
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=settings.request_body_timeout_s)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -65,6 +83,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Content-Type", "X-API-Key", "Authorization"],
         )
     return app
+
+
+def _include_routers(app: FastAPI, settings: Settings) -> None:
+    """Search endpoints carry the API key dependency (and so declare its security scheme and
+    401 in the schema) only when require_api_key_for_search is set; admin ones always do."""
+    if settings.require_api_key_for_search:
+        app.include_router(search.router, dependencies=[SearchAuth], responses=AUTH_ERROR_RESPONSES)
+    else:
+        log.info("search endpoints are open: no API key needed (require_api_key_for_search)")
+        app.include_router(search.router)
+    for router in (health.router, admin.router, items.router, page.router):
+        app.include_router(router)
 
 
 def create_app_from_env() -> FastAPI:
@@ -77,14 +107,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     services = await asyncio.to_thread(build_services, settings, app.state.metrics)
     await services.batcher.start()
+    await services.image_batcher.start()
     app.state.services = services
     try:
         yield
     finally:
         app.state.services = None
         await services.batcher.stop()
+        await services.image_batcher.stop()
         await services.cache.close()
         await asyncio.to_thread(services.holder.stop)
+        await asyncio.to_thread(services.decoder.close)
+        if services.redis_health is not None:
+            await asyncio.to_thread(services.redis_health.stop)
 
 
 def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
@@ -115,12 +150,18 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         max_shortlist=settings.max_shortlist,
         device=compute_device(settings.device),
     )
-    batcher = MicroBatcher(
-        searcher.search_batch,
-        max_size=settings.batch_max_size,
-        max_wait_s=settings.batch_max_wait_ms / 1000,
-        on_batch=metrics.batch_size.observe,
-        name="search-batcher",
+    # Image queries have a batcher (and worker thread) of their own: encoding a batch of
+    # images with MC draws takes far longer than a caption, and text queries must not queue
+    # behind it.
+    batcher, image_batcher = (
+        MicroBatcher(
+            searcher.search_batch,
+            max_size=settings.batch_max_size,
+            max_wait_s=settings.batch_max_wait_ms / 1000,
+            on_batch=metrics.batch_size.observe,
+            name=name,
+        )
+        for name in ("search-batcher", "image-batcher")
     )
     cache = ResultCache(
         settings.redis_url,
@@ -129,7 +170,32 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         settings.redis_socket_timeout_s,
         settings.redis_backoff_max_s,
     )
-    return Services(settings, metrics, holder, encoders, searcher, batcher, cache, config.name)
+    health = _start_redis_health(settings, metrics, [cache.recover, holder.recover])
+    max_pixels = settings.max_image_pixels or default_pixel_limit(config.image_size)
+    concurrent = settings.max_concurrent_decodes or default_concurrent_decodes()
+    decoder = ImageDecoder(config.image_size, max_pixels, concurrent, settings.decode_nice)
+    return Services(
+        settings, metrics, holder, encoders, searcher, batcher, cache, config.name,
+        decoder=decoder, image_batcher=image_batcher, redis_health=health,
+    )  # fmt: skip
+
+
+def _start_redis_health(
+    settings: Settings, metrics: ServiceMetrics, on_recovery: list
+) -> RedisHealth | None:
+    if settings.redis_url is None:
+        return None
+    health = RedisHealth(
+        settings.redis_url,
+        metrics,
+        socket_timeout_s=settings.redis_socket_timeout_s,
+        backoff_max_s=settings.redis_backoff_max_s,
+        interval_s=settings.redis_health_interval_s,
+    )
+    for callback in on_recovery:
+        health.on_recovery(callback)
+    health.start()
+    return health
 
 
 def _compatibility_check(model_dir: Path, config: ModelConfig):
@@ -156,27 +222,31 @@ def _compatibility_check(model_dir: Path, config: ModelConfig):
 # ----- errors ------------------------------------------------------------------------------
 
 
-def _error(status: int, code: str, detail: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail, "error": code}, status_code=status, headers=headers)
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     async def domain_error(request: Request, error: Exception) -> JSONResponse:
         status, code = status_of(error)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if status == 503:
             headers = {"Retry-After": "5"}
-        return _error(status, code, str(error), headers)
+        if isinstance(error, TooManyFailedAttemptsError):
+            headers = {"Retry-After": str(error.retry_after_s)}
+        return error_response(status, code, str(error), headers)
 
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return _error(422, "invalid_request", describe_validation_errors(error.errors()))
+        return error_response(422, "invalid_request", describe_validation_errors(error.errors()))
 
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return _error(error.status_code, "http_error", str(error.detail), error.headers)
+        code, detail = "http_error", str(error.detail)
+        if isinstance(error, BodyReadTimeoutError):
+            code = "body_timeout"
+        elif isinstance(error.__cause__, UnicodeDecodeError):
+            code = "invalid_encoding"
+            detail = "the request body is not valid UTF-8: send JSON text encoded as UTF-8"
+        return error_response(error.status_code, code, detail, error.headers)
 
     async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=error)
-        return _error(500, "internal_error", "internal error; it has been logged")
+        return error_response(500, "internal_error", "internal error; it has been logged")
 
     for error_type in HANDLED_ERRORS:
         app.add_exception_handler(error_type, domain_error)
@@ -185,98 +255,24 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected_error)
 
 
+MAX_ERRORS_LISTED = 5
+
+
 def describe_validation_errors(errors: list[dict]) -> str:
     """One readable line per pydantic error, e.g. "k: Input should be greater than or equal
-    to 1"; the input itself is not echoed (it may be huge)."""
-    lines = []
+    to 1"; the input itself is not echoed (it may be huge), and the same error at many list
+    positions (mu.0, mu.1, ...) is reported once with a count."""
+    groups: dict[tuple[str, str], list[str]] = {}
     for error in errors:
         location = [str(part) for part in error.get("loc", ()) if part not in ("body", "form")]
-        where = ".".join(location) or "body"
-        lines.append(f"{where}: {error.get('msg', 'invalid value')}")
-    return "; ".join(lines) or "invalid request"
-
-
-# ----- middleware --------------------------------------------------------------------------
-
-
-class BodySizeLimitMiddleware:
-    """413 for request bodies over `max_bytes`, by Content-Length or while streaming."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(scope, receive, send)
-            return
-        if declared is not None:
-            await self.app(scope, receive, send)
-            return
-        messages, size = [], 0  # chunked: buffer up to the limit, then replay
-        while True:
-            message = await receive()
-            messages.append(message)
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._too_large(scope, receive, send)
-                return
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-        await self.app(scope, _replay(messages, receive), send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _error(
-            413,
-            "payload_too_large",
-            f"request body exceeds {self.max_bytes} bytes; send a smaller image "
-            "(the limit is the max_image_bytes setting)",
+        field = ".".join(part for part in location if not part.isdigit())
+        groups.setdefault((field, error.get("msg", "invalid value")), []).append(
+            ".".join(location) or "body"
         )
-        await response(scope, receive, send)
-
-
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    pending = list(messages)
-
-    async def replay() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replay
-
-
-class RequestMetricsMiddleware:
-    """Counts requests and observes latency per endpoint (known paths only, to bound labels)."""
-
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, paths: set[str]) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.paths = paths
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        endpoint = scope["path"] if scope["path"] in self.paths else "other"
-        status = 500
-        start = time.perf_counter()
-
-        async def record_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, record_status)
-        finally:
-            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
-            self.metrics.request_latency.labels(endpoint=endpoint).observe(
-                time.perf_counter() - start
-            )
+    lines = []
+    for (_, message), places in list(groups.items())[:MAX_ERRORS_LISTED]:
+        more = f" (and {len(places) - 1} more like it)" if len(places) > 1 else ""
+        lines.append(f"{places[0]}: {message}{more}")
+    if len(groups) > MAX_ERRORS_LISTED:
+        lines.append(f"and {len(groups) - MAX_ERRORS_LISTED} more errors")
+    return "; ".join(lines) or "invalid request"

@@ -11,7 +11,7 @@ Distances and scores, once for the whole API:
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from models.gaussian import METRICS
 
@@ -20,23 +20,66 @@ Gallery = Literal["image", "text"]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
+def _integral_float_to_int(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer; strict validation would not. true stays refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
+PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral_float_to_int)]
+NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral_float_to_int)]
+# Bounds on caller-supplied Gaussians: inside them every distance, score and uncertainty stays
+# finite in float32 for any embedding dimension up to max_embedding_dim (tested per metric).
+MU_LIMIT = 1e4
+LOGVAR_LIMIT = 30.0
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
+
+
+def _bounded(name: str, limit: float) -> Any:
+    """A finite float in [-limit, limit] whose error says why the bound exists."""
+
+    def check(value: float) -> float:
+        if abs(value) > limit:
+            raise ValueError(
+                f"every {name} value must lie in [-{limit:g}, {limit:g}]: beyond that, "
+                "distances to the gallery overflow float32"
+            )
+        return value
+
+    return Annotated[
+        float,
+        Field(allow_inf_nan=False, json_schema_extra={"minimum": -limit, "maximum": limit}),
+        AfterValidator(check),
+    ]
+
+
+MuValue = _bounded("mu", MU_LIMIT)
+LogvarValue = _bounded("logvar", LOGVAR_LIMIT)
+
+
 class SearchOptions(BaseModel):
     """Options shared by every search endpoint; limits beyond these bounds come from settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: true is not 1 and "3" is not 3 in JSON (form fields are parsed from strings).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    k: int = Field(10, ge=1, description="Number of results (at most the max_k setting).")
+    k: JsonInt = Field(10, ge=1, description="Number of results (at most the max_k setting).")
     metric: Metric | None = Field(
         None, description="Distance to rank with; default: the model's training metric."
     )
-    shortlist: int | None = Field(
-        None, ge=1, description="Candidates re-ranked exactly; default max(10*k, 100)."
+    shortlist: PositiveInt | None = Field(
+        None, description="Candidates re-ranked exactly; default max(10*k, 100); must be >= k."
     )
-    mc_samples: int | None = Field(
-        None, ge=0, description="MC-dropout draws for the uncertainty; 0 skips MI."
+    mc_samples: NonNegativeInt | None = Field(
+        None, description="MC-dropout draws for the uncertainty; 0 skips MI."
     )
     temperature: FiniteFloat | None = Field(
-        None, gt=0, description="Retrieval posterior temperature T; default: calibrated value."
+        None,
+        ge=MIN_TEMPERATURE,
+        le=MAX_TEMPERATURE,
+        description="Retrieval posterior temperature T; default: calibrated value.",
     )
     reject_threshold: FiniteFloat | None = Field(
         None,
@@ -61,8 +104,12 @@ class ImageSearchRequest(SearchOptions):
 class EmbeddingSearchRequest(SearchOptions):
     """POST /search/embedding: a Gaussian computed by the caller's own encoder."""
 
-    mu: list[FiniteFloat] = Field(min_length=1, description="Mean, length D of the index.")
-    logvar: list[FiniteFloat] = Field(min_length=1, description="ln sigma^2, length D.")
+    mu: list[MuValue] = Field(  # type: ignore[valid-type]
+        min_length=1, description=f"Mean, length D of the index; |values| <= {MU_LIMIT:g}."
+    )
+    logvar: list[LogvarValue] = Field(  # type: ignore[valid-type]
+        min_length=1, description=f"ln sigma^2, length D; |values| <= {LOGVAR_LIMIT:g}."
+    )
     gallery: Gallery = Field(description="Which gallery to search.")
 
 
@@ -152,6 +199,12 @@ class IndexInfo(BaseModel):
     count: int
     dim: int
     metrics: list[str]
+    uncalibrated_metrics: list[str] = Field(
+        description="Metrics served without a rejection threshold (never reject)."
+    )
+    calibration_warning: str | None = Field(
+        description="Why rejection is off for some metrics; null when all are calibrated."
+    )
     manifest: dict[str, Any]
 
 
@@ -173,11 +226,25 @@ def _error_response(description: str) -> dict[str, Any]:
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: _error_response("Missing or invalid API key."),
+    503: _error_response("The service is starting, or overloaded; retry later."),
+}
+SEARCH_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _error_response("The body is not valid UTF-8, or cannot be parsed at all."),
+    408: _error_response("The body did not arrive within request_body_timeout_s."),
     413: _error_response("Body or image over the byte or pixel limit."),
     415: _error_response("Content type not accepted, or the file is not an image."),
-    422: _error_response("Invalid parameters; the message names the field and the fix."),
+    422: _error_response(
+        "Invalid parameters, e.g. shortlist < k or an embedding of the wrong dimension; the "
+        "message names the field and the fix."
+    ),
     503: _error_response("No index loaded for the gallery, or overloaded; retry later."),
+}
+AUTH_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: _error_response("Missing or invalid API key."),
+}
+ADMIN_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERROR_RESPONSES,
+    429: _error_response("Too many failed authentications from this client; see Retry-After."),
 }
 
 

@@ -18,6 +18,7 @@ from PIL import Image
 
 from models.augmented import INDEX_FAMILIES
 from models.encoder_runtime import OnnxEncoder
+from models.gaussian import METRICS
 from models.scoring.query_scores import QueryScores, shortlist_scores
 from models.scoring.rerank import Ranked, exact_rerank
 from models.uncertainty import log_det, sample_gaussian
@@ -269,6 +270,15 @@ class Searcher:
             for plan, candidate_rows in zip(group, rows, strict=True):
                 results[plan.position] = self._finish(loaded, plan, candidate_rows, shortlist_ms)
 
+    def shortlist_metric(self, metric: str) -> str:
+        """The index a metric is shortlisted from: its own, or for metrics without an index
+        form the candidate metric's (then re-ranked exactly)."""
+        return metric if metric in INDEX_FAMILIES else self.candidate_metric
+
+    def available_metrics(self, loaded: LoadedIndex) -> list[str]:
+        """The metrics a query may name against this loaded version."""
+        return [m for m in METRICS if loaded.index.supports(self.shortlist_metric(m))]
+
     def _plan(self, loaded: LoadedIndex, position: int, query: Query, enc: Encoded) -> _Plan:
         index, manifest = loaded.index, loaded.index.manifest
         if enc.mu.shape[-1] != manifest.dim:
@@ -277,8 +287,7 @@ class Searcher:
                 f"index {loaded.version} holds {manifest.dim}-dimensional embeddings"
             )
         metric = query.params.metric or self.default_metric
-        # Metrics without an index form are re-ranked from the candidate metric's shortlist.
-        shortlist_metric = metric if metric in INDEX_FAMILIES else self.candidate_metric
+        shortlist_metric = self.shortlist_metric(metric)
         if not index.supports(shortlist_metric):
             raise InvalidQueryError(
                 f"metric {metric!r} is not available in the {query.gallery} index "

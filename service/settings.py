@@ -37,25 +37,57 @@ class Settings(ProbsearchSettings):
     # Redis (redis_url None: run without Redis; the ACTIVE pointer files decide, no cache).
     cache_ttl_s: int = Field(3600, ge=0, description="Result cache TTL; 0 disables the cache.")
     redis_socket_timeout_s: float = Field(0.5, gt=0)
-    redis_backoff_max_s: float = Field(30.0, gt=0)
+    redis_backoff_max_s: float = Field(
+        2.0, gt=0, description="Longest wait between reconnection attempts while Redis is down."
+    )
+    redis_health_interval_s: float = Field(
+        1.0, gt=0, description="How often Redis is pinged while up (drives the redis_up gauge)."
+    )
     poll_interval_s: float = Field(
         2.0, gt=0, description="How often the ACTIVE version is re-read (pub/sub is faster)."
     )
 
     # Security.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    require_api_key_for_search: bool = False
+    require_api_key_for_search: bool = Field(
+        False,
+        description="Whether /search/* needs an API key (admin endpoints always do); the "
+        "OpenAPI schema declares the security of exactly the endpoints that need it.",
+    )
+    admin_auth_max_failures: int = Field(
+        5, ge=1, description="Failed admin authentications allowed per client and window."
+    )
+    admin_auth_window_s: int = Field(
+        60, ge=1, description="Window of admin_auth_max_failures; then 429 until it passes."
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # HTTP server.
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     workers: int = Field(1, ge=1)
+    request_body_timeout_s: float = Field(
+        10.0, gt=0, description="Time to receive a whole request body; then 408 and close."
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="Idle keep-alive connections are closed after this long."
+    )
 
     # Request limits.
     max_text_chars: int = Field(1000, ge=1)
     max_image_bytes: int = Field(10 * 1024 * 1024, ge=1)
-    max_image_pixels: int = Field(40_000_000, ge=1)
+    max_image_pixels: int | None = Field(
+        None,
+        ge=1,
+        description="Most pixels decoded per image (JPEGs after their 1/2-1/8 draft scaling); "
+        "default (32 x the model's image_size)^2, 4.2 Mpx for a 64 x 64 model.",
+    )
+    max_concurrent_decodes: int | None = Field(
+        None, ge=1, description="Images decoded at the same time; default: usable CPUs / 4, >= 1."
+    )
+    decode_nice: int = Field(
+        10, ge=0, le=19, description="How much lower the decode threads' CPU priority is (Linux)."
+    )
     max_k: int = Field(1000, ge=1)
     max_shortlist: int = Field(10_000, ge=1)
     max_mc_samples: int = Field(64, ge=0)
@@ -99,6 +131,11 @@ class Settings(ProbsearchSettings):
             raise ValueError("galleries must name at least one of: image, text")
         self.galleries = sorted(set(self.galleries))
         return self
+
+    def uvicorn_options(self) -> dict[str, float]:
+        """Server options that bound idle and slow connections (the body deadline is the
+        app's own: service.middleware.BodyReadTimeoutMiddleware)."""
+        return {"timeout_keep_alive": self.keep_alive_timeout_s}
 
     @property
     def max_body_bytes(self) -> int:

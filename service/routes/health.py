@@ -5,7 +5,9 @@ import dataclasses
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from indexer.calibration_inheritance import uncalibrated_metrics
 from service.deps import ServicesDep
+from service.index_holder import calibration_warning
 from service.metrics import CONTENT_TYPE_LATEST
 from service.schemas import ERROR_RESPONSES, IndexesResponse, IndexInfo, ReadinessResponse
 
@@ -35,7 +37,9 @@ async def readyz(request: Request) -> JSONResponse:
         detail = f"no index loaded for: {', '.join(missing)} (activate one with probsearch reindex)"
         body = ReadinessResponse(ready=False, versions=versions, detail=detail)
         return JSONResponse(body.model_dump(), status_code=503)
-    body = ReadinessResponse(ready=True, versions=versions, detail="ready")
+    warnings = [w for w in map(calibration_warning, services.holder.loaded()) if w]
+    detail = "; ".join(["ready", *(f"warning: {w}" for w in warnings)])
+    body = ReadinessResponse(ready=True, versions=versions, detail=detail)
     return JSONResponse(body.model_dump())
 
 
@@ -58,6 +62,8 @@ async def list_indexes(services: ServicesDep) -> IndexesResponse:
                 count=manifest.count,
                 dim=manifest.dim,
                 metrics=list(manifest.metrics),
+                uncalibrated_metrics=uncalibrated_metrics(manifest),
+                calibration_warning=calibration_warning(loaded) or None,
                 manifest=dataclasses.asdict(manifest),
             )
         )

@@ -1,6 +1,5 @@
 """POST /search/text, /search/image and /search/embedding: validate, cache, batch, answer."""
 
-import asyncio
 import base64
 import binascii
 import dataclasses
@@ -17,17 +16,18 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from models.preprocess import ImageTooLargeError, InvalidImageError, decode_image
+from models.preprocess import ImageTooLargeError, InvalidImageError
 from service.cache import cache_key
-from service.deps import JsonBody, SearchAuth, Services, ServicesDep
+from service.deps import JsonBody, Services, ServicesDep
 from service.errors import (
     IndexUnavailableError,
     InvalidQueryError,
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )
+from service.middleware import BodyReadTimeoutError
 from service.schemas import (
-    ERROR_RESPONSES,
+    SEARCH_ERROR_RESPONSES,
     EmbeddingSearchRequest,
     ImageSearchRequest,
     QueryInfo,
@@ -46,11 +46,13 @@ from service.searcher import (
     default_shortlist,
 )
 
-router = APIRouter(prefix="/search", tags=["search"], dependencies=[SearchAuth])
+# The API key dependency is added by the app factory when require_api_key_for_search is set.
+router = APIRouter(prefix="/search", tags=["search"], responses=SEARCH_ERROR_RESPONSES)
 
 _IMAGE_FORM_SCHEMA = {
     "type": "object",
     "required": ["image"],
+    "additionalProperties": False,
     "properties": {
         "image": {"type": "string", "format": "binary", "description": "The image file."},
         **{
@@ -69,9 +71,7 @@ _IMAGE_BODY = {
 }
 
 
-@router.post(
-    "/text", response_model=SearchResponse, responses=ERROR_RESPONSES, dependencies=[JsonBody]
-)
+@router.post("/text", response_model=SearchResponse, dependencies=[JsonBody])
 async def search_text(body: TextSearchRequest, services: ServicesDep) -> Response:
     """Search the image gallery with a caption."""
     start = time.perf_counter()
@@ -94,9 +94,7 @@ async def search_text(body: TextSearchRequest, services: ServicesDep) -> Respons
     )
 
 
-@router.post(
-    "/image", response_model=SearchResponse, responses=ERROR_RESPONSES, openapi_extra=_IMAGE_BODY
-)
+@router.post("/image", response_model=SearchResponse, openapi_extra=_IMAGE_BODY)
 async def search_image(request: Request, services: ServicesDep) -> Response:
     """Search the caption gallery with an image: multipart (field `image`) or JSON base64."""
     start = time.perf_counter()
@@ -104,7 +102,7 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     params = _params(options, services)
     image_sha = hashlib.sha256(data).hexdigest()
     decode_start = time.perf_counter()
-    image = await _decode(data, services.settings.max_image_pixels)
+    image = await _decode(data, services)
     decode_ms = 1000 * (time.perf_counter() - decode_start)
     services.metrics.stage_latency.labels(stage="decode").observe(decode_ms / 1000)
     return await _answer(
@@ -119,9 +117,7 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     )
 
 
-@router.post(
-    "/embedding", response_model=SearchResponse, responses=ERROR_RESPONSES, dependencies=[JsonBody]
-)
+@router.post("/embedding", response_model=SearchResponse, dependencies=[JsonBody])
 async def search_embedding(body: EmbeddingSearchRequest, services: ServicesDep) -> Response:
     """Search a gallery with a Gaussian (mu, logvar) computed by the caller's own encoder."""
     start = time.perf_counter()
@@ -212,7 +208,8 @@ async def _answer(
     cached = await services.cache.get(cache_key(version, request_hash))
     if cached is not None:
         return Response(cached, media_type="application/json", headers={"X-Cache": "hit"})
-    outcome = await services.batcher.submit(make_query(seed))
+    batcher = services.image_batcher if kind == "image" else services.batcher
+    outcome = await batcher.submit(make_query(seed))
     outcome.timings_ms["encode"] += extra_encode_ms
     outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
     body = _response(outcome, params, services.model_name).model_dump_json().encode()
@@ -286,6 +283,8 @@ async def _read_image_request(request: Request, max_bytes: int) -> tuple[bytes, 
 async def _read_multipart(request: Request, max_bytes: int) -> tuple[bytes, SearchOptions]:
     try:
         form = await request.form(max_files=1, max_fields=20)
+    except BodyReadTimeoutError:
+        raise
     except Exception as error:  # python-multipart raises several types for malformed bodies
         raise InvalidQueryError(f"malformed multipart body: {error}") from None
     upload = form.get("image")
@@ -302,7 +301,11 @@ async def _read_multipart(request: Request, max_bytes: int) -> tuple[bytes, Sear
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise PayloadTooLargeError(f"image is larger than {max_bytes} bytes (max_image_bytes)")
-    fields = {name: value for name, value in form.multi_items() if name != "image"}
+    names = [name for name, _ in form.multi_items()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InvalidQueryError(f"form fields given more than once: {', '.join(repeated)}")
+    fields = {name: _form_value(value) for name, value in form.multi_items() if name != "image"}
     return data, _validate(SearchOptions, fields)
 
 
@@ -324,10 +327,11 @@ async def _read_json_image(request: Request, max_bytes: int) -> tuple[bytes, Sea
     return data, options
 
 
-async def _decode(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode in a worker thread; a file of no image format at all is a 415, not a 422."""
+async def _decode(data: bytes, services: Services) -> Image.Image:
+    """Decode in the decoder's pool; a file of no image format at all is a 415, not a 422."""
+    max_pixels = services.decoder.max_pixels
     try:
-        return await asyncio.to_thread(decode_image, data, max_pixels=max_pixels)
+        return await services.decoder.decode(data)
     except ImageTooLargeError as error:
         raise ImageTooLargeError(
             f"{error}; this service accepts images of at most {max_pixels} pixels: downscale it"
@@ -339,6 +343,18 @@ async def _decode(data: bytes, max_pixels: int) -> Image.Image:
                 "JPEG, GIF, BMP or WebP file"
             ) from None
         raise
+
+
+def _form_value(value: Any) -> Any:
+    """A form field as the JSON value it spells ("3" -> 3, "true" -> True); other text (a
+    metric name, "null": form fields are never null) stays a string."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return parsed if isinstance(parsed, int | float) else value
 
 
 def _validate(model: type, data: Any) -> Any:

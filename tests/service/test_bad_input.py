@@ -59,11 +59,30 @@ BAD_REQUESTS = {
     "too many MC samples": (text(text="a", mc_samples=10**4), 422, "mc_samples=10000"),
     "negative temperature": (text(text="a", temperature=-1), 422, "temperature: Input should be"),
     "unknown field": (text(text="a", top_k=3), 422, "top_k: Extra inputs are not permitted"),
+    "true for k": (text(text="a", k=True), 422, "k: Input should be a valid integer"),
+    "1 for a boolean": (text(text="a", return_embedding=1), 422,
+                        "return_embedding: Input should be a valid boolean"),
+    "string for k": (text(text="a", k="3"), 422, "k: Input should be a valid integer"),
+    "temperature 1e-300": (text(text="a", temperature=1e-300), 422,
+                           "temperature: Input should be greater than or equal to 0.001"),
+    "invalid UTF-8": (
+        lambda c: c.post("/search/text", content=b'{"text": "\xff\xfe"}',
+                         headers={"content-type": "application/json"}),
+        400, "the request body is not valid UTF-8"),
+    "mu of 3e38": (
+        lambda c: c.post("/search/embedding", json={"mu": [3e38] * 32, "logvar": [0.0] * 32,
+                                                     "gallery": "image"}),
+        422, "every mu value must lie in [-10000, 10000]: beyond that, distances to the gallery "
+             "overflow float32 (and 31 more like it)"),
+    "logvar of 1000": (
+        lambda c: c.post("/search/embedding", json={"mu": [0.0] * 32, "logvar": [1000.0] * 32,
+                                                     "gallery": "text"}),
+        422, "logvar.0: Value error, every logvar value must lie in [-30, 30]"),
     "PDF upload": (upload(PDF, "application/pdf"), 415, "the `image` part is 'application/pdf'"),
     "PDF labelled PNG": (upload(PDF), 415, "not in an image format"),
     "PDF as base64": (b64(PDF), 415, "not in an image format"),
     "truncated JPEG": (upload(truncated_jpeg(), "image/jpeg"), 422, "truncated or corrupt"),
-    "20000x20000 PNG bomb": (upload(png_claiming(20000, 20000)), 413, "at most 40000000 pixels"),
+    "20000x20000 PNG bomb": (upload(png_claiming(20000, 20000)), 413, "at most 4194304 pixels"),
     "PNG bomb as base64": (b64(png_claiming(7000, 7000)), 413, "7000x7000"),
     "image over the byte limit": (upload(b"\x89PNG" + b"0" * 250_000), 413, "larger than 200000"),
     "body over the byte limit": (upload(b"0" * 400_000), 413, "request body exceeds"),
@@ -72,6 +91,8 @@ BAD_REQUESTS = {
     "missing image part": (lambda c: c.post("/search/image", files={"k": (None, "3")}),
                            422, "multipart field `image` is missing"),
     "bad form field": (upload(png_claiming(8, 8), k="many"), 422, "k: Input should be a valid"),
+    "repeated form field": (upload(png_claiming(8, 8), k=["3", "4"]), 422,
+                            "form fields given more than once: k"),
     "text/plain to /search/text": (
         lambda c: c.post("/search/text", content=b"cats", headers={"content-type": "text/plain"}),
         415, "send the request body as application/json"),
@@ -110,6 +131,9 @@ def test_bad_request_gets_its_status_and_message(client: httpx.Client, name: str
     assert message in body["detail"]
     assert set(body) == {"detail", "error"}
     assert "Traceback" not in response.text
+    documented = client.get("/openapi.json").json()["paths"]
+    path = response.request.url.path
+    assert str(status) in documented[path]["post"]["responses"]
 
 
 def test_admin_reload_needs_a_valid_key(client: httpx.Client, artifacts: Artifacts) -> None:

@@ -1,6 +1,7 @@
 """Index swaps under load, Redis outages and recovery, freeing retired versions."""
 
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -17,6 +18,7 @@ from pytest_redis.executor.process import RedisExecutor
 from indexer.registry import ActiveRegistry
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
+from service.settings import Settings
 from tests.service.conftest import (
     Artifacts,
     ServerThread,
@@ -24,6 +26,8 @@ from tests.service.conftest import (
     make_settings,
     redis_url_of,
 )
+
+DEFAULT_BACKOFF_MAX_S = Settings.model_fields["redis_backoff_max_s"].default
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -134,13 +138,20 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
+def _metric(http: httpx.Client, line: str) -> bool:
+    return line in http.get("/metrics").text.splitlines()
+
+
 def test_redis_outage_then_recovery(
     artifacts: Artifacts, own_redis: Callable[[], subprocess.Popen], tmp_path: Path
 ) -> None:
     first = own_redis()
     root = copy_index_root(artifacts, tmp_path / "indexes")
     url = f"redis://127.0.0.1:{own_redis.port}/0"  # type: ignore[attr-defined]
-    settings = make_settings(artifacts, index_root=root, redis_url=url)
+    # The shipped backoff cap, not the tests' short one: recovery must be quick with it.
+    settings = make_settings(
+        artifacts, index_root=root, redis_url=url, redis_backoff_max_s=DEFAULT_BACKOFF_MAX_S
+    )
     request = {"text": "a green star", "k": 3}
     with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
         assert http.post("/search/text", json=request).headers["x-cache"] == "miss"
@@ -153,11 +164,12 @@ def test_redis_outage_then_recovery(
             response = http.post("/search/text", json={**request, "k": 3 + i})
             assert response.status_code == 200 and response.headers["x-cache"] == "miss"
             assert time.monotonic() - started < 3.0
-        assert "probsearch_redis_up 0.0" in http.get("/metrics").text
+        wait_for(lambda: _metric(http, "probsearch_redis_up 0.0"), 5, "redis_up to read 0")
         # While Redis is down, the ACTIVE pointer file decides the version.
         ActiveRegistry(root, None).activate("image", artifacts.image_v2)
         wait_for(lambda: http.post("/search/text", json=request).json()["index_version"]
                  == artifacts.image_v2, 10, "the pointer-file activation")  # fmt: skip
+        time.sleep(2 * DEFAULT_BACKOFF_MAX_S)  # a long outage: every backoff at its cap
 
         own_redis()  # restarted, empty: the pointer file still names the active version
 
@@ -165,11 +177,41 @@ def test_redis_outage_then_recovery(
             http.post("/search/text", json=request)
             return http.post("/search/text", json=request).headers["x-cache"] == "hit"
 
-        wait_for(cached, 15, "the cache to resume")
-        assert "probsearch_redis_up 1.0" in http.get("/metrics").text
+        wait_for(cached, 5, "cache hits after the restart")
+        wait_for(lambda: _metric(http, "probsearch_redis_up 1.0"), 5, "redis_up to read 1")
         assert http.post("/search/text", json=request).json()["index_version"] == (
             artifacts.image_v2
         )
+        # The activation listener is back too: an event switches the version again.
+        ActiveRegistry(root, url).activate("image", artifacts.image_v1)
+        wait_for(lambda: http.post("/search/text", json=request).json()["index_version"]
+                 == artifacts.image_v1, 5, "the activation event after the restart")  # fmt: skip
+
+
+def test_redis_up_follows_a_paused_redis(
+    artifacts: Artifacts, own_redis: Callable[[], subprocess.Popen], tmp_path: Path
+) -> None:
+    process = own_redis()
+    url = f"redis://127.0.0.1:{own_redis.port}/0"  # type: ignore[attr-defined]
+    settings = make_settings(artifacts, redis_url=url, redis_backoff_max_s=DEFAULT_BACKOFF_MAX_S)
+    request = {"text": "a blue circle", "k": 2}
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        wait_for(lambda: _metric(http, "probsearch_redis_up 1.0"), 5, "redis_up to read 1")
+        process.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: _metric(http, "probsearch_redis_up 0.0"), 5, "redis_up to read 0")
+            response = http.post("/search/text", json=request)
+            assert response.status_code == 200 and response.headers["x-cache"] == "miss"
+            time.sleep(2 * DEFAULT_BACKOFF_MAX_S)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        wait_for(lambda: _metric(http, "probsearch_redis_up 1.0"), 5, "redis_up after resuming")
+
+        def cached() -> bool:
+            http.post("/search/text", json=request)
+            return http.post("/search/text", json=request).headers["x-cache"] == "hit"
+
+        wait_for(cached, 5, "cache hits after resuming")
 
 
 def test_a_redis_version_missing_on_disk_falls_back_to_the_pointer_file(

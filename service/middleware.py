@@ -1,0 +1,159 @@
+"""ASGI middleware of the app: request body deadline, body size limit, request metrics."""
+
+import asyncio
+import time
+
+from fastapi import HTTPException
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.metrics import ServiceMetrics
+
+
+def error_response(
+    status: int, code: str, detail: str, headers: dict | None = None
+) -> JSONResponse:
+    """The body of every error answer: {"detail": ..., "error": ...}."""
+    return JSONResponse({"detail": detail, "error": code}, status_code=status, headers=headers)
+
+
+class BodyReadTimeoutError(HTTPException):
+    """The client did not send its whole body in time (408; the connection is closed)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s (a Content-Length larger "
+            "than the body sent?); send the whole body at once",
+            headers={"Connection": "close"},
+        )
+
+
+class BodyReadTimeoutMiddleware:
+    """Gives every request `timeout_s` from its headers to the end of its body.
+
+    uvicorn has no body timeout: a client that declares a Content-Length and sends less would
+    hold its connection (and the request's task) forever. Past the deadline, reading the body
+    raises BodyReadTimeoutError, answered 408 with `Connection: close`, so uvicorn closes the
+    connection. Reads after the body is complete (disconnect listeners) are not limited.
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        body_done = False
+        started = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyReadTimeoutError(self.timeout_s) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, tracked_send)
+        except BodyReadTimeoutError as error:
+            if started:
+                raise
+            response = error_response(408, "body_timeout", str(error.detail), error.headers)
+            await response(scope, receive, send)
+
+
+class BodySizeLimitMiddleware:
+    """413 for request bodies over `max_bytes`, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(scope, receive, send)
+            return
+        if declared is not None:
+            await self.app(scope, receive, send)
+            return
+        messages, size = [], 0  # chunked: buffer up to the limit, then replay
+        while True:
+            message = await receive()
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self._too_large(scope, receive, send)
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(messages, receive), send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(
+            413,
+            "payload_too_large",
+            f"request body exceeds {self.max_bytes} bytes; send a smaller image "
+            "(the limit is the max_image_bytes setting)",
+        )
+        await response(scope, receive, send)
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+class RequestMetricsMiddleware:
+    """Counts requests and observes latency per endpoint (known paths only, to bound labels)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, paths: set[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint = scope["path"] if scope["path"] in self.paths else "other"
+        status = 500
+        start = time.perf_counter()
+
+        async def record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record_status)
+        finally:
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+            self.metrics.request_latency.labels(endpoint=endpoint).observe(
+                time.perf_counter() - start
+            )

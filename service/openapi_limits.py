@@ -1,0 +1,124 @@
+"""The OpenAPI schema states the limits the server really enforces.
+
+Request models carry the fixed bounds (k >= 1, finite numbers...); the limits that come from
+settings (max_k, max_text_chars, ...) and from the model (the embedding dimension) are checked
+in the routes and written into the served schema here, so that every request the schema
+calls valid is one the server accepts. The one rule JSON Schema cannot state, shortlist >= k,
+is in the field's description and in the 422 response.
+
+The metrics a request may name depend on the index versions being served (a metric needs its
+index family, or the candidate metric's), so the schema is regenerated from the loaded
+versions on every request for it; it is cheap.
+"""
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from models.model_config import ConfigError, ModelConfig
+from service.settings import Settings
+
+SEARCH_PATHS = ("/search/text", "/search/image", "/search/embedding")
+NON_BLANK = r"\S"  # at least one character that is not whitespace
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+SHORTLIST_RULE = (
+    "Candidates re-ranked exactly; default max(10*k, 100). Must be >= k (a 422 otherwise)."
+)
+
+
+def install_openapi_limits(app: FastAPI, settings: Settings) -> None:
+    """Make app.openapi() return the generated schema with the configured limits applied."""
+
+    def openapi() -> dict[str, Any]:
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        apply_limits(schema, settings, _embedding_dim(settings))
+        services = getattr(app.state, "services", None)
+        if services is not None:
+            apply_metrics(schema, _served_metrics(services))
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def apply_limits(schema: dict[str, Any], settings: Settings, dim: int | None) -> None:
+    """Write the settings' limits into the search request bodies of an OpenAPI schema."""
+    for path in SEARCH_PATHS:
+        operation = schema["paths"].get(path, {}).get("post")
+        if operation is None:
+            continue
+        for content_type, media in operation["requestBody"]["content"].items():
+            body = _resolve(schema, media["schema"])
+            _limit_options(body["properties"], settings, form=content_type.startswith("multi"))
+            _limit_payload(body["properties"], settings, dim)
+
+
+def apply_metrics(schema: dict[str, Any], metrics: dict[str, list[str]]) -> None:
+    """Restrict `metric` to those available per searched gallery (both, for /search/embedding,
+    which names its gallery in the body). A gallery without a loaded version is left open."""
+    searched = {"/search/text": ["image"], "/search/image": ["text"],
+                "/search/embedding": ["image", "text"]}  # fmt: skip
+    for path, galleries in searched.items():
+        if not all(g in metrics for g in galleries):
+            continue
+        allowed = [m for m in metrics[galleries[0]] if all(m in metrics[g] for g in galleries)]
+        operation = schema["paths"].get(path, {}).get("post")
+        for media in operation["requestBody"]["content"].values() if operation else ():
+            props = _resolve(schema, media["schema"])["properties"]
+            _constrain(props, "metric", enum=allowed)
+
+
+def _served_metrics(services: Any) -> dict[str, list[str]]:
+    return {
+        loaded.modality: services.searcher.available_metrics(loaded)
+        for loaded in services.holder.loaded()
+    }
+
+
+def _limit_options(props: dict[str, Any], settings: Settings, form: bool) -> None:
+    _constrain(props, "k", maximum=settings.max_k)
+    _constrain(props, "shortlist", maximum=settings.max_shortlist)
+    _constrain(props, "mc_samples", maximum=settings.max_mc_samples)
+    if "shortlist" in props:
+        props["shortlist"]["description"] = SHORTLIST_RULE
+    if form:  # a form field cannot be null: it is left out instead
+        for prop in props.values():
+            branches = [b for b in prop.pop("anyOf", []) if b.get("type") != "null"]
+            if branches:
+                prop.update(branches[0])
+
+
+def _limit_payload(props: dict[str, Any], settings: Settings, dim: int | None) -> None:
+    _constrain(props, "text", maxLength=settings.max_text_chars, pattern=NON_BLANK)
+    _constrain(props, "image_base64", pattern=BASE64)
+    length = {"minItems": dim, "maxItems": dim} if dim else {"maxItems": settings.max_embedding_dim}
+    for name in ("mu", "logvar"):
+        _constrain(props, name, **length)
+
+
+def _constrain(props: dict[str, Any], name: str, **keywords: Any) -> None:
+    """Add JSON Schema keywords to property `name` (to its non-null branch if nullable)."""
+    if name not in props:
+        return
+    prop = props[name]
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") != "null":
+            branch.update(keywords)
+
+
+def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    name = ref.rsplit("/", 1)[-1]
+    return schema["components"]["schemas"][name]
+
+
+def _embedding_dim(settings: Settings) -> int | None:
+    """The model's embedding dimension (every gallery's D), or None without a readable model."""
+    try:
+        return ModelConfig.load(settings.model).embed_dim
+    except (ConfigError, OSError, ValueError):
+        return None
