@@ -36,7 +36,10 @@ from models.uncertainty import log_det
 LAST_STATE_FILE = "last.pt"  # optimizer + model state after the latest epoch (for --resume)
 HISTORY_FILE = "history.json"  # one report per epoch
 RECALL_KS = (1, 5, 10)
-VALIDATION_SCORE = ("i2t_P@1", "t2i_P@1", "i2t_R-P", "t2i_R-P")  # plausible-match figures
+# What picks the checkpoint: plausible t2i P@1 and R-Precision, and exact R@5. Not i2t P@1:
+# ranking the vaguest captions ("an object") first makes it near 100% for a useless model, and
+# an early epoch that does so would be kept.
+VALIDATION_SCORE = ("t2i_P@1", "i2t_R-P", "t2i_R-P", "i2t_R@5", "t2i_R@5")
 
 
 @dataclass
@@ -44,7 +47,7 @@ class EpochReport:
     """One line of the training log.
 
     `recalls` holds exact-pair R@K and the plausible-match P@1 and R-Precision per direction
-    (%); `score`, their plausible mean, picks the checkpoint and decides when to stop.
+    (%); `score`, the mean of VALIDATION_SCORE, picks the checkpoint and decides when to stop.
     `at_bound` is the fraction of validation items with a variance dimension at a bound.
     """
 
