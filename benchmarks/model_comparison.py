@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -243,15 +243,35 @@ class SeedResult:
     training: dict
 
 
+def cached_evaluation(
+    trained: dict, data: Path, config: EvalConfig, report_dir: Path
+) -> tuple[dict, dict]:
+    """Val and test reports of one model, reused from report_dir/evaluation.json when the
+    checkpoint and the evaluation settings are the ones it was made with."""
+    checkpoint = Path(trained["dir"]) / "checkpoint.pt"
+    key = {"settings": json.loads(json.dumps(asdict(config))), "data": str(data),
+           "checkpoint_mtime_ns": checkpoint.stat().st_mtime_ns}  # fmt: skip
+    cache = report_dir / "evaluation.json"
+    if cache.is_file():
+        saved = json.loads(cache.read_text())
+        if saved.get("key") == key:
+            return saved["val"], saved["test"]
+    print(f"evaluating {report_dir.parent.name} {report_dir.name}", flush=True)
+    val = evaluate_model(trained["dir"], data, "val", config)
+    test = evaluate_model(trained["dir"], data, "test", config)
+    write_report(test, report_dir)
+    cache.write_text(json.dumps({"key": key, "val": val, "test": test}, allow_nan=True))
+    return val, test
+
+
 def evaluate_run(
     run: Run, trained: dict, data: Path, photos: Path, work: Path, seed: int
 ) -> SeedResult:
     """Evaluate one model on val and test; write the test report to work/reports/."""
     config = EvalConfig(metrics=(run.metric, *run.extra), seed=seed, ood_dir=str(photos))
-    print(f"evaluating {run.name} seed {seed}", flush=True)
-    val = evaluate_model(trained["dir"], data, "val", config)
-    test = evaluate_model(trained["dir"], data, "test", config)
-    write_report(test, work / "reports" / run.name / f"seed{seed}")
+    val, test = cached_evaluation(
+        trained, data, config, work / "reports" / run.name / f"seed{seed}"
+    )
     choices = val_choices(val, run.metric)
     figures = retrieval_figures(test, run.metric, "retrieval")
     for metric in run.extra:
