@@ -575,7 +575,8 @@ def setup_lines(
         f"- seeds: training seeds {', '.join(map(str, args.seeds))} per model (the evaluation's MC "
         "draws and tie-breaking use the same seed); every figure is mean ± sample sd over them.",
         f"- budget, the same for every model: at most {args.epochs} epochs, early stopping with "
-        f"patience {', '.join(map(str, patience))} on the val score (plausible P@1 and R-P), the "
+        f"patience {', '.join(map(str, patience))} on the val score (plausible t2i P@1, "
+        "both R-Precisions, exact R@5), the "
         "best-on-val checkpoint; ModelConfig / TrainConfig defaults apart from the overrides in "
         "the training table.",
         f"- evaluation: models.evaluate, {settings['mc_samples']} MC-dropout draws, scores over "
