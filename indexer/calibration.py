@@ -40,10 +40,11 @@ from models.rejection_metrics import (
     precision_coverage,
     random_rejection,
 )
-from models.scoring.query_scores import TEMPERATURE_SCORES, shortlist_scores
-from models.scoring.rerank import compute_device, exact_rerank
+from models.scoring.query_scores import TEMPERATURE_SCORES, query_scores, shortlist_distances
+from models.scoring.rerank import Ranked, compute_device, exact_rerank
 
 CALIBRATION_FILE = "calibration.json"
+SCORE_BLOCK = 64  # queries scored together (memory: SCORE_BLOCK x draws x shortlist x D)
 DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 
 
@@ -82,9 +83,7 @@ class MetricCalibration:
     queries: int
 
 
-def select_threshold(
-    score: np.ndarray, correct: np.ndarray, target: Target
-) -> tuple[float, int]:
+def select_threshold(score: np.ndarray, correct: np.ndarray, target: Target) -> tuple[float, int]:
     """The tau meeting `target` on these queries and how many queries it keeps (score <= tau).
 
     Queries are kept from the most certain on; tau only falls between distinct values, so
@@ -144,36 +143,57 @@ def query_scores_by_candidate(
     device: torch.device,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every (score, T) candidate's value per query, and plausible-P@1 correctness per query,
-    computed exactly as the service computes them (one query at a time).
+    computed as the service computes them: each query's exact re-rank, then models.scoring
+    over its shortlist (queries whose shortlists have the same length are scored together).
 
     Returns:
         scores: candidate_name(score, T) -> (Q,) values.
         correct: (Q,) whether the top result is a plausible match.
     """
     _, rows = version.shortlist(metric, embeddings.mu, embeddings.logvar, shortlist)  # (Q, S)
-    values: dict[str, np.ndarray] = {}
     correct = np.zeros(len(rows), dtype=bool)
+    groups: dict[int, list[tuple[int, Ranked]]] = {}
     for q, candidate_rows in enumerate(tqdm(rows, desc=f"calibrate {metric}", unit="query")):
         ranked = exact_rerank(
             metric, embeddings.mu[q], embeddings.logvar[q], version.mu, version.logvar,
             candidate_rows, shortlist, device,
         )  # fmt: skip
         correct[q] = judge(q, version.metadata([int(ranked.rows[0])])[0]["id"])
+        groups.setdefault(len(ranked.rows), []).append((q, ranked))
+    values: dict[str, np.ndarray] = {}
+    for group in groups.values():
+        _score_group(metric, embeddings, group, temperatures, device, values, len(rows))
+    return values, correct
+
+
+def _score_group(
+    metric: str,
+    embeddings: Embeddings,
+    group: list[tuple[int, Ranked]],
+    temperatures: Sequence[float],
+    device: torch.device,
+    values: dict[str, np.ndarray],
+    num_queries: int,
+) -> None:
+    """Fill `values` for the queries of `group` (all with shortlists of one length), a block
+    of SCORE_BLOCK queries at a time; distances are computed once for every temperature."""
+    for start in range(0, len(group), SCORE_BLOCK):
+        block = group[start : start + SCORE_BLOCK]
+        index = np.array([q for q, _ in block])
+        candidates = tuple(torch.stack([getattr(r, f) for _, r in block]) for f in ("mu", "logvar"))
         query = tuple(
-            torch.from_numpy(a[q : q + 1]).to(device) for a in (embeddings.mu, embeddings.logvar)
+            torch.from_numpy(a[index]).to(device) for a in (embeddings.mu, embeddings.logvar)
         )
         draws = tuple(
-            torch.from_numpy(a[:, q : q + 1]).to(device)
+            torch.from_numpy(a[:, index]).to(device)
             for a in (embeddings.mc_mu, embeddings.mc_logvar)
         )
+        distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
         for temperature in temperatures:
-            scores = shortlist_scores(
-                metric, query, draws, (ranked.mu[None], ranked.logvar[None]), temperature
-            )
+            scores = query_scores(query[1], distances, temperature, draws[0], mc_distances)
             for name, value in scores.available().items():
                 key = candidate_name(name, temperature)
-                values.setdefault(key, np.zeros(len(rows)))[q] = value[0]
-    return values, correct
+                values.setdefault(key, np.zeros(num_queries))[index] = value
 
 
 def summarise(

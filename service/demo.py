@@ -38,8 +38,8 @@ GALLERIES = ("image", "text")
 class DemoPlan:
     """Sizes of the demo build; a change of plan rebuilds everything after the changed stage."""
 
-    images: int = 3000
-    epochs: int = 25  # at most; training stops when validation has not improved for `patience`
+    images: int = 2500
+    epochs: int = 20  # at most; training stops when validation has not improved for `patience`
     patience: int = 5
     embed_dim: int = 32
     seed: int = 0

@@ -76,12 +76,24 @@ def shortlist_scores(
     query: (mu, logvar) (Q, D); draws: (mc_mu, mc_logvar) (L, Q, D) or None; candidates:
     (mu, logvar) (Q, M, D) of each query's shortlist, in its order.
     """
+    distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
+    mc_mu = None if mc_distances is None or draws is None else draws[0]
+    return query_scores(query[1], distances, temperature, mc_mu, mc_distances)
+
+
+def shortlist_distances(
+    metric: str,
+    query: tuple[torch.Tensor, torch.Tensor],
+    draws: tuple[torch.Tensor, torch.Tensor] | None,
+    candidates: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Distances (Q, M) of the queries and (L, Q, M) of their draws (None without draws) to
+    their shortlists: what query_scores needs, computed once for any number of temperatures."""
     mu, logvar = query
     distances = draw_distances(metric, mu[None], logvar[None], *candidates)[0]  # (Q, M)
     if draws is None or draws[0].shape[0] == 0:
-        return query_scores(logvar, distances, temperature)
-    mc_distances = draw_distances(metric, *draws, *candidates)  # (L, Q, M)
-    return query_scores(logvar, distances, temperature, draws[0], mc_distances)
+        return distances, None
+    return distances, draw_distances(metric, *draws, *candidates)  # (L, Q, M)
 
 
 def _entropy_of(p: torch.Tensor) -> torch.Tensor:
