@@ -219,6 +219,7 @@ class DemoExamples:
     real photographs (images unlike anything the model was trained on)."""
 
     captions: list[dict[str, Any]]  # test caption records (JSON), single-object ones first
+    caption_by_id: dict[str, dict[str, Any]]  # every test caption record by id
     images: list[Path]
     labels: dict[str, list[str]]  # image id -> its "<colour> <shape>" labels
     photos: list[Path]
@@ -243,6 +244,7 @@ def load_examples(paths: DemoPaths) -> DemoExamples:
         write_photos(photos_dir)
     return DemoExamples(
         captions=captions[:EXAMPLE_CANDIDATES],
+        caption_by_id={c["id"]: c for c in captions},
         images=[paths.data / im["file"] for im in images[:EXAMPLE_CANDIDATES]],
         labels={im["id"]: im["labels"] for im in images},
         photos=sorted(photos_dir.glob("*-full.png")),
@@ -273,12 +275,14 @@ def run_examples(http: Any, url: str, paths: DemoPaths, say: Say) -> None:
     request, body = _answered_caption(http, url, examples)
     say(f"\n# text -> images\n{_text_curl(url, request)}\n  "
         f"{_describe_images(body, examples.labels)}")  # fmt: skip
-    image, body = _first_upload(http, url, examples.images, rejected=False)
+    image, body = _answered_image(http, url, examples)
     say(f"\n# image -> captions (upload)\ncurl -s {url}/search/image -F image=@{image} -F k=3"
         f"\n  {_describe_captions(body)}")  # fmt: skip
     photo, body = _first_upload(http, url, examples.photos, rejected=True)
-    say(f"\n# a photograph: nothing like the shapes it knows, so it should be rejected\n"
-        f"curl -s {url}/search/image -F image=@{photo} -F k=3\n  {_describe_captions(body)}")
+    say(
+        f"\n# a photograph: nothing like the shapes it knows, so it should be rejected\n"
+        f"curl -s {url}/search/image -F image=@{photo} -F k=3\n  {_describe_captions(body)}"
+    )
 
 
 def _text_curl(url: str, request: dict) -> str:
@@ -289,7 +293,7 @@ def _text_curl(url: str, request: dict) -> str:
 
 def _answered_caption(http: Any, url: str, examples: DemoExamples) -> tuple[dict, dict]:
     """The first test caption (single-object ones first) that is answered and whose first
-    result holds what it names; else the first one tried."""
+    result holds the colours and shapes it names; else the first one tried."""
     first = None
     for caption in examples.captions:
         request = {"text": caption["text"], "k": 3}
@@ -299,6 +303,26 @@ def _answered_caption(http: Any, url: str, examples: DemoExamples) -> tuple[dict
         if not body["query"]["rejected"] and _names_held(caption, examples.labels.get(top, [])):
             return request, body
     return first
+
+
+def _answered_image(http: Any, url: str, examples: DemoExamples) -> tuple[Path, dict]:
+    """The first test image that is answered and whose first caption names colours and shapes
+    the image holds; else the first one tried."""
+    first = None
+    for image in examples.images:
+        body = _upload(http, url, image)
+        first = first or (image, body)
+        top = examples.caption_by_id.get(body["results"][0]["id"]) if body["results"] else None
+        held = top is not None and _names_held(top, examples.labels.get(image.stem, []))
+        if not body["query"]["rejected"] and held:
+            return image, body
+    return first
+
+
+def _upload(http: Any, url: str, image: Path) -> dict[str, Any]:
+    with image.open("rb") as handle:
+        files = {"image": (image.name, handle, "image/png")}
+        return _checked(http.post(f"{url}/search/image", files=files, data={"k": "3"}))
 
 
 def _names_held(caption: dict[str, Any], labels: list[str]) -> bool:
@@ -312,9 +336,7 @@ def _first_upload(http: Any, url: str, images: list[Path], rejected: bool) -> tu
     """The first image whose verdict is `rejected` (else the first one) and its response."""
     first = None
     for image in images:
-        with image.open("rb") as handle:
-            files = {"image": (image.name, handle, "image/png")}
-            body = _checked(http.post(f"{url}/search/image", files=files, data={"k": "3"}))
+        body = _upload(http, url, image)
         if body["query"]["rejected"] is rejected:
             return image, body
         first = first or (image, body)
