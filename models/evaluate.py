@@ -33,7 +33,7 @@ from models.retrieval_metrics import (
     rank_queries,
     summarize_ranking,
 )
-from models.scoring.query_scores import TEMPERATURE_SCORES, shortlist_scores
+from models.scoring.query_scores import TEMPERATURE_SCORES, query_scores, shortlist_distances
 from models.scoring.rerank import compute_device, gather_rows
 from models.uncertainty import log_det
 
@@ -206,8 +206,10 @@ def direction_scores(
                 torch.from_numpy(a[:, start:stop]).to(device)
                 for a in (queries.mc_mu, queries.mc_logvar)
             )
+        distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
+        mc_mu = None if draws is None else draws[0]
         for t, temperature in enumerate(config.temperatures):
-            scores = shortlist_scores(metric, query, draws, candidates, temperature)
+            scores = query_scores(query[1], distances, temperature, mc_mu, mc_distances)
             for name, values in scores.available().items():
                 if name in TEMPERATURE_SCORES:
                     parts.setdefault(f"{name}@T{temperature:g}", []).append(values)

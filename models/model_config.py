@@ -241,7 +241,6 @@ def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
     }
 
 
-
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation settings (stored in model.json under "training").
