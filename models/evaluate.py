@@ -148,8 +148,8 @@ def embed_split(model_dir: Path, dataset: PairedDataset, config: EvalConfig) -> 
     image_labels = np.zeros((len(dataset.images), len(label_col)), dtype=np.int64)
     for row, image in enumerate(dataset.images):
         image_labels[row, [label_col[label] for label in image.labels]] = 1
-    device = "cuda" if torch_device(config.device).type == "cuda" else "cpu"
-    encoders = {m: OnnxEncoder(model_dir, m, device=device) for m in ("image", "text")}
+    torch_device(config.device)  # rejects an unknown device before the encoders load
+    encoders = {m: OnnxEncoder(model_dir, m, device=config.device) for m in ("image", "text")}
     images = embed_images(
         encoders["image"], dataset.images, config.mc_samples, config.seed, config.batch_size
     )

@@ -281,3 +281,17 @@ def test_cli_rejects_an_empty_split(tiny_model_dir: Path, tmp_path: Path) -> Non
     (data / "captions.jsonl").write_text(json.dumps(caption) + "\n")
     result = run_cli("--model", str(tiny_model_dir), "--data", str(data))
     assert "0 images and 0 captions" in one_line_error(result)
+
+
+def test_eval_encodes_on_cpu_when_torch_sees_a_gpu_that_onnx_runtime_cannot_use(
+    tiny_model_dir: Path, shapes_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on a GPU machine whose onnxruntime had no CUDA provider: eval asked ORT for CUDA
+    because torch saw a GPU, and failed. Each library now picks its own device."""
+    import onnxruntime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    split = embed_split(tiny_model_dir, load_dataset(shapes_dir, "test"), CONFIG)
+    assert split.encoders["image"].provider == "CPUExecutionProvider"
+    assert np.isfinite(split.images.mu).all()
