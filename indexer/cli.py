@@ -10,6 +10,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from models.settings import ProbsearchSettings
+from models.threads import thread_budget
 
 app = typer.Typer(no_args_is_help=True)
 index_app = typer.Typer(no_args_is_help=True, help="Inspect and switch published index versions.")
@@ -80,8 +81,10 @@ def reindex(
 ) -> None:
     """Embed a gallery and publish a new index version (optionally activating it)."""
     from indexer.publish import ReindexJob, run_reindex
+    from indexer.threads import apply_thread_budget
 
     settings = ProbsearchSettings()
+    apply_thread_budget(thread_budget("batch", settings.threads))
     job = ReindexJob(
         modality=modality,
         source=source,

@@ -14,6 +14,8 @@ from PIL import Image
 
 from models.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, VOCAB_FILE, ModelConfig
 from models.preprocess import images_to_array
+from models.settings import ProbsearchSettings
+from models.threads import ThreadBudget, thread_budget
 from models.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,18 @@ def choose_providers(device: str) -> list[str]:
     raise EncoderRuntimeError(f"unknown device {device!r}; choose auto, cpu or cuda")
 
 
+def session_options(threads: ThreadBudget):
+    """ONNX Runtime options sized by the budget: graph nodes run one after another (the
+    encoders are chains), each on `threads.intra_op` threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads.intra_op
+    options.inter_op_num_threads = threads.inter_op
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return options
+
+
 class OnnxEncoder:
     """One modality's encoder of a model dir, run by ONNX Runtime.
 
@@ -68,7 +82,8 @@ class OnnxEncoder:
     is either one seed per item, so an item's draws do not depend on what else is in the batch
     (the service batches requests this way), or one int from which the items' seeds are
     spawned. The same inputs, L and seed give the same draws. Inputs are encoded in chunks of
-    `batch_size`.
+    `batch_size`. `threads` sizes ONNX Runtime's pools (default: the batch role's budget,
+    models.threads, or PROBSEARCH_THREADS).
     """
 
     def __init__(
@@ -77,6 +92,7 @@ class OnnxEncoder:
         modality: Literal["image", "text"],
         device: str = "auto",
         batch_size: int = 256,
+        threads: ThreadBudget | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -91,7 +107,10 @@ class OnnxEncoder:
         if not path.is_file():
             raise EncoderRuntimeError(f"{path} not found: run `probsearch export {model_dir}`")
         self.tokenizer = Tokenizer.load(self.model_dir / VOCAB_FILE) if modality == "text" else None
-        self.session = ort.InferenceSession(str(path), providers=choose_providers(device))
+        self.threads = threads or thread_budget("batch", ProbsearchSettings().threads)
+        self.session = ort.InferenceSession(
+            str(path), session_options(self.threads), providers=choose_providers(device)
+        )
         self.provider: str = self.session.get_providers()[0]
         self._mask_widths = {
             i.name: i.shape[-1] for i in self.session.get_inputs() if i.name.endswith("masks")

@@ -21,10 +21,14 @@ BatchFunction = Callable[[Sequence[ItemT]], Sequence["ResultT | Exception"]]
 class MicroBatcher(Generic[ItemT, ResultT]):
     """Gathers items submitted concurrently and hands them to `process` in one call.
 
-    A batch closes when it holds `max_size` items or `max_wait_s` after its first item
-    arrived. `process` runs in a dedicated worker thread, never on the event loop; while it
-    runs, the next batch fills up. At most `max_queue` items wait; beyond that, submit()
-    raises OverloadedError (HTTP 503) instead of queueing without bound.
+    Adaptive: a batch takes every item already queued (up to `max_size`). It waits up to
+    `max_wait_s` after its first item for more only under load, i.e. when the previous batch
+    held more than one item; a lone request is never held back (measured on 2 cores: a fixed
+    5 ms window took c=1 text search from 10.7 to 19.8 ms, while at c=64 it lifted QPS from
+    109 to 200). `process` runs in a dedicated worker thread, never on the event loop; while
+    it runs, the next batch fills up. `thread_initializer` runs once in that thread (per-thread
+    settings such as OpenMP's thread count belong there). At most `max_queue` items wait;
+    beyond that, submit() raises OverloadedError (HTTP 503) instead of queueing without bound.
     """
 
     def __init__(
@@ -36,6 +40,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         max_queue: int = 1024,
         on_batch: Callable[[int], None] | None = None,
         name: str = "batcher",
+        thread_initializer: Callable[[], object] | None = None,
     ) -> None:
         if max_size < 1 or max_wait_s < 0:
             raise ValueError("max_size must be >= 1 and max_wait_s >= 0")
@@ -45,6 +50,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._max_queue = max_queue
         self._on_batch = on_batch
         self._name = name
+        self._thread_initializer = thread_initializer
+        self._last_batch_size = 0
         self._queue: asyncio.Queue[tuple[ItemT, asyncio.Future]] | None = None
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -52,7 +59,9 @@ class MicroBatcher(Generic[ItemT, ResultT]):
     async def start(self) -> None:
         """Start the gathering loop on the running event loop."""
         self._queue = asyncio.Queue(maxsize=self._max_queue)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=self._name, initializer=self._thread_initializer
+        )
         self._task = asyncio.create_task(self._run(), name=self._name)
 
     async def stop(self) -> None:
@@ -87,6 +96,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._gather(loop)
+            self._last_batch_size = len(batch)
             items = [item for item, _ in batch]
             try:
                 results = await loop.run_in_executor(self._executor, self._process, items)
@@ -106,10 +116,12 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                     future.set_result(result)
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[tuple[ItemT, asyncio.Future]]:
-        """Wait for a first item, then collect more until the batch is full or the wait ends."""
+        """Wait for a first item, then collect what is queued, and under load (the last batch
+        held more than one item) what arrives until the batch is full or the wait ends."""
         assert self._queue is not None
         batch = [await self._queue.get()]
-        deadline = loop.time() + self._max_wait_s
+        wait_s = self._max_wait_s if self._last_batch_size > 1 else 0.0
+        deadline = loop.time() + wait_s
         while len(batch) < self._max_size:
             if not self._queue.empty():
                 batch.append(self._queue.get_nowait())

@@ -119,11 +119,14 @@ def calibrate(
     queries (the score with the best normalised AUPRC)."""
     from indexer.calibration import CalibrationJob, Target, run_calibration
     from indexer.registry import ActiveRegistry
+    from indexer.threads import apply_thread_budget
+    from models.threads import thread_budget
 
     try:
         settings = _settings_with(
             {"index_root": index_root, "model": model, "redis_url": redis_url}
         )
+        apply_thread_budget(thread_budget("batch", settings.threads))
         _check_paths(settings)
         target = Target(precision=target_precision, coverage=target_coverage)
         registry = ActiveRegistry(settings.index_root, settings.redis_url)
@@ -179,7 +182,8 @@ def demo(
     """Build (or reuse) the shapes data, model, indexes and calibration, then serve on :8000."""
     import httpx
 
-    from models.threads import configure_torch_threads
+    from indexer.threads import apply_thread_budget
+    from models.threads import thread_budget
     from service.background_server import BackgroundServer
     from service.demo import SMALL_PLAN, DemoPlan, build_demo, redis_answering, run_examples
 
@@ -191,7 +195,7 @@ def demo(
         else:
             typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
             url = None
-        configure_torch_threads(settings.threads)
+        apply_thread_budget(thread_budget("batch", settings.threads))
         paths = build_demo(cache_dir.resolve(), SMALL_PLAN if small else DemoPlan(), url)
         if not serve:
             return

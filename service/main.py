@@ -14,9 +14,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from indexer.publish import model_fingerprint
 from indexer.store import IndexVersion
+from indexer.threads import apply_thread_budget
 from models.encoder_runtime import OnnxEncoder
 from models.model_config import ModelConfig
 from models.scoring.rerank import compute_device
+from models.threads import thread_budget
 from service.auth_limit import FailedAuthLimiter
 from service.batching import MicroBatcher
 from service.cache import ResultCache
@@ -125,10 +127,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
     """Load the encoders, open the active indexes and start watching for activations."""
     config = ModelConfig.load(settings.model)
+    threads = apply_thread_budget(thread_budget("serve", settings.threads, settings.workers))
+    log.info("thread budget: %d per pool (torch, ONNX Runtime, FAISS)", threads.intra_op)
     encoders = {}
     for gallery in settings.galleries:
         kind = ENCODER_FOR_GALLERY[gallery]
-        encoders[kind] = OnnxEncoder(settings.model, kind, device=settings.device)
+        encoders[kind] = OnnxEncoder(settings.model, kind, device=settings.device, threads=threads)
         metrics.onnx_provider.labels(encoder=kind, provider=encoders[kind].provider).set(1)
     holder = IndexHolder(
         settings.index_root,
@@ -160,6 +164,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
             max_wait_s=settings.batch_max_wait_ms / 1000,
             on_batch=metrics.batch_size.observe,
             name=name,
+            thread_initializer=lambda: apply_thread_budget(threads),  # OpenMP's count is per thread
         )
         for name in ("search-batcher", "image-batcher")
     )

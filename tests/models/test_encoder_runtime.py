@@ -1,6 +1,8 @@
 """OnnxEncoder on a trained model dir: same embeddings as torch, seeded MC draws, chunking,
 provider choice and errors."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -136,3 +138,16 @@ def test_per_item_seeds_make_draws_independent_of_the_batch(text_encoder, image_
     np.testing.assert_allclose(reordered.mc_mu[:, ::-1], forward.mc_mu, atol=1e-5)
     with pytest.raises(EncoderRuntimeError, match="one each"):
         text_encoder.encode_texts(texts, mc_samples=2, seed=[1, 2])
+
+
+def test_onnx_runtime_pools_follow_the_budget(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from models.threads import ThreadBudget
+
+    encoder = OnnxEncoder(tiny_model_dir, "text", device="cpu", threads=ThreadBudget(1))
+    options = encoder.session.get_session_options()
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+    monkeypatch.setenv("PROBSEARCH_THREADS", "2")
+    encoder = OnnxEncoder(tiny_model_dir, "text", device="cpu")
+    assert encoder.session.get_session_options().intra_op_num_threads == 2

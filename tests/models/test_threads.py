@@ -34,3 +34,25 @@ def test_configure_sets_torch_intra_op_threads() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("role", "workers", "expected"),
+    [("batch", 1, 8), ("batch", 4, 8), ("serve", 1, 4), ("serve", 2, 2), ("serve", 8, 1)],
+)
+def test_budget_rule_per_role(
+    monkeypatch: pytest.MonkeyPatch, role: threads.Role, workers: int, expected: int
+) -> None:
+    monkeypatch.setattr(threads, "available_cpus", lambda: 8)
+    assert threads.thread_budget(role, workers=workers) == threads.ThreadBudget(expected, 1)
+
+
+def test_the_setting_overrides_every_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "available_cpus", lambda: 8)
+    assert threads.thread_budget("serve", 3, workers=4).intra_op == 3
+    assert threads.thread_budget("batch", 3).intra_op == 3
+
+
+def test_one_cpu_still_gets_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "available_cpus", lambda: 1)
+    assert threads.thread_budget("serve", workers=2).intra_op == 1

@@ -59,6 +59,51 @@ def test_batcher_closes_a_batch_after_the_wait() -> None:
     assert result == 7 and elapsed < 1.0
 
 
+def test_batcher_holds_no_lone_request_but_waits_under_load() -> None:
+    """A lone request is dispatched at once even with a long window; after a batch of more
+    than one (load), the next batch waits for company up to the window."""
+    batches: list[list[int]] = []
+
+    def process(items):
+        batches.append(list(items))
+        return list(items)
+
+    async def scenario():
+        batcher = MicroBatcher(process, max_size=2, max_wait_s=30.0)
+        await batcher.start()
+        try:
+            lone = await asyncio.wait_for(batcher.submit(0), timeout=10)
+            pair = await asyncio.gather(batcher.submit(1), batcher.submit(2))  # queued together
+            late = asyncio.create_task(batcher.submit(3))
+            await asyncio.sleep(0.2)  # under load now: 3 waits in its batch for 4
+            await asyncio.wait_for(asyncio.gather(late, batcher.submit(4)), timeout=10)
+            return lone, pair
+        finally:
+            await batcher.stop()
+
+    assert asyncio.run(scenario()) == (0, [1, 2])
+    assert batches == [[0], [1, 2], [3, 4]]
+
+
+def test_batcher_runs_its_thread_initializer_in_the_worker_thread() -> None:
+    seen: list[int] = []
+
+    async def scenario():
+        batcher = MicroBatcher(
+            lambda items: [threading.get_ident() for _ in items],
+            max_size=1,
+            max_wait_s=0,
+            thread_initializer=lambda: seen.append(threading.get_ident()),
+        )
+        await batcher.start()
+        try:
+            return await batcher.submit(0)
+        finally:
+            await batcher.stop()
+
+    assert [asyncio.run(scenario())] == seen
+
+
 def test_batcher_refuses_work_beyond_its_queue() -> None:
     release = threading.Event()
 
