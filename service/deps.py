@@ -1,45 +1,20 @@
 """FastAPI dependencies: the long-lived services on app.state, API keys, content types."""
 
 import hmac
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from models.encoder_runtime import OnnxEncoder
 from service.auth_limit import FailedAuthLimiter
-from service.batching import MicroBatcher
-from service.cache import ResultCache
 from service.errors import (
     AuthenticationError,
     IndexUnavailableError,
     TooManyFailedAttemptsError,
     UnsupportedMediaTypeError,
 )
-from service.image_decode import ImageDecoder
-from service.index_holder import IndexHolder
-from service.metrics import ServiceMetrics
-from service.redis_health import RedisHealth
-from service.searcher import Outcome, Query, Searcher
+from service.services import Services
 from service.settings import Settings
-
-
-@dataclass
-class Services:
-    """Everything a request needs, built once by the app's lifespan."""
-
-    settings: Settings
-    metrics: ServiceMetrics
-    holder: IndexHolder
-    encoders: dict[str, OnnxEncoder]
-    searcher: Searcher
-    batcher: MicroBatcher[Query, Outcome]
-    cache: ResultCache
-    model_name: str
-    decoder: ImageDecoder
-    image_batcher: MicroBatcher[Query, Outcome]  # image queries; text and embeddings: batcher
-    redis_health: RedisHealth | None = None
 
 
 def get_services(request: Request) -> Services:

@@ -22,7 +22,7 @@ from models.threads import thread_budget
 from service.auth_limit import FailedAuthLimiter
 from service.batching import MicroBatcher
 from service.cache import ResultCache
-from service.deps import SearchAuth, Services
+from service.deps import SearchAuth
 from service.errors import HANDLED_ERRORS, TooManyFailedAttemptsError, status_of
 from service.gallery_stats import GalleryStats
 from service.image_decode import (
@@ -44,6 +44,7 @@ from service.redis_health import RedisHealth
 from service.routes import admin, health, items, page, search
 from service.schemas import AUTH_ERROR_RESPONSES
 from service.searcher import GALLERY_OF_KIND, Searcher
+from service.services import Services
 from service.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,9 @@ metrics it serves, and per gallery the active version and the range of item log-
 from pydantic import BaseModel, Field
 
 from models.gaussian import METRICS
-from service.deps import Services
 from service.gallery_stats import GalleryStats
 from service.schemas import SearchOptions
+from service.services import Services
 
 
 class GallerySummary(BaseModel):

@@ -1,0 +1,157 @@
+"""A search below the HTTP edge: limits and defaults of the options, the query's seed, the
+result cache, the micro-batchers and the response body. Route handlers parse and answer."""
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.cache import cache_key
+from service.errors import IndexUnavailableError, InvalidQueryError
+from service.schemas import (
+    QueryInfo,
+    RejectScoreInfo,
+    SearchHit,
+    SearchOptions,
+    SearchResponse,
+    Timings,
+)
+from service.searcher import GALLERY_OF_KIND, Outcome, Query, SearchParams, default_shortlist
+from service.services import Services
+from service.settings import Settings
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A response body (JSON bytes) and whether it came from the result cache."""
+
+    body: bytes
+    cache_hit: bool
+
+
+def check_text(text: str, settings: Settings) -> None:
+    """A caption query must have a word and fit max_text_chars."""
+    if not text.strip():
+        raise InvalidQueryError("text is empty: send a caption with at least one word")
+    if len(text) > settings.max_text_chars:
+        raise InvalidQueryError(
+            f"text has {len(text)} characters; the limit is {settings.max_text_chars} "
+            "(max_text_chars)"
+        )
+
+
+def search_params(options: SearchOptions, services: Services) -> SearchParams:
+    """Check the options against the configured limits and fill in the defaults."""
+    settings = services.settings
+    if options.k > settings.max_k:
+        raise InvalidQueryError(f"k={options.k} is above the limit {settings.max_k}; ask for fewer")
+    if options.shortlist is not None:
+        if options.shortlist > settings.max_shortlist:
+            raise InvalidQueryError(
+                f"shortlist={options.shortlist} is above the limit {settings.max_shortlist}"
+            )
+        if options.shortlist < options.k:
+            raise InvalidQueryError(
+                f"shortlist={options.shortlist} is smaller than k={options.k}; it must be >= k"
+            )
+    mc_samples = settings.mc_samples if options.mc_samples is None else options.mc_samples
+    if mc_samples > settings.max_mc_samples:
+        raise InvalidQueryError(
+            f"mc_samples={mc_samples} is above the limit {settings.max_mc_samples}"
+        )
+    return SearchParams(
+        k=options.k,
+        metric=options.metric or services.searcher.default_metric,
+        shortlist=options.shortlist or min(default_shortlist(options.k), settings.max_shortlist),
+        mc_samples=mc_samples,
+        temperature=options.temperature,
+        reject_threshold=options.reject_threshold,
+        return_embedding=options.return_embedding,
+    )
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(
+        json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+async def answer(
+    services: Services,
+    kind: str,
+    gallery: str,
+    params: SearchParams,
+    payload: dict[str, Any],
+    make_query: Callable[[int], Query],
+    start: float,
+    extra_encode_ms: float = 0.0,
+) -> Answer:
+    """Cache lookup, micro-batched search, response body, cache store."""
+    version = services.holder.versions().get(gallery)
+    if version is None:
+        raise IndexUnavailableError(services.holder.unavailable_message(gallery))
+    # The MC draws depend on the query itself only (so k, the metric or a threshold override
+    # never change them); the cache key covers the whole canonical request.
+    query_part = {"kind": kind, "model": services.model_name, "mc": params.mc_samples, **payload}
+    seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
+    request_hash = _digest({**query_part, "gallery": gallery, "params": dataclasses.asdict(params)})
+    cached = await services.cache.get(cache_key(version, request_hash))
+    if cached is not None:
+        return Answer(cached, cache_hit=True)
+    batcher = services.image_batcher if kind == "image" else services.batcher
+    outcome = await batcher.submit(make_query(seed))
+    outcome.timings_ms["encode"] += extra_encode_ms
+    outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
+    body = _response(outcome, params, services.model_name).model_dump_json().encode()
+    _observe(services, outcome)
+    await services.cache.set(cache_key(outcome.index_version, request_hash), body)
+    return Answer(body, cache_hit=False)
+
+
+def _response(outcome: Outcome, params: SearchParams, model_name: str) -> SearchResponse:
+    unc = outcome.uncertainty
+    query = QueryInfo(
+        modality=outcome.kind,
+        log_det=unc.log_det,
+        entropy=unc.entropy,
+        mutual_information=unc.mutual_information,
+        feature_uncertainty=unc.feature_uncertainty,
+        posterior_entropy=unc.posterior_entropy,
+        reject_score=RejectScoreInfo(**dataclasses.asdict(outcome.reject_score)),
+        rejected=outcome.reject_score.rejected,
+        reject_threshold=outcome.reject_score.threshold,
+        temperature=outcome.temperature,
+        mc_samples=outcome.mc_samples,
+        shortlist_size=outcome.shortlist_size,
+        mu=outcome.mu.tolist() if params.return_embedding else None,
+        logvar=outcome.logvar.tolist() if params.return_embedding else None,
+    )
+    hits = [
+        SearchHit(
+            id=h.id,
+            rank=h.rank,
+            score=h.score,
+            distance=h.distance,
+            log_det=h.log_det,
+            metadata=h.metadata,
+        )
+        for h in outcome.hits
+    ]
+    return SearchResponse(
+        query=query,
+        results=hits,
+        metric=outcome.metric,
+        index_version=outcome.index_version,
+        model=model_name,
+        timings_ms=Timings(**outcome.timings_ms),
+    )
+
+
+def _observe(services: Services, outcome: Outcome) -> None:
+    for stage, ms in outcome.timings_ms.items():
+        services.metrics.stage_latency.labels(stage=stage).observe(ms / 1000)
+    if outcome.reject_score.rejected:
+        services.metrics.rejections.labels(gallery=GALLERY_OF_KIND.get(outcome.kind, "")).inc()

@@ -1,0 +1,30 @@
+"""The long-lived services of a running app (built once by its lifespan, service.main)."""
+
+from dataclasses import dataclass
+
+from models.encoder_runtime import OnnxEncoder
+from service.batching import MicroBatcher
+from service.cache import ResultCache
+from service.image_decode import ImageDecoder
+from service.index_holder import IndexHolder
+from service.metrics import ServiceMetrics
+from service.redis_health import RedisHealth
+from service.searcher import Outcome, Query, Searcher
+from service.settings import Settings
+
+
+@dataclass
+class Services:
+    """Everything a request needs, built once by the app's lifespan."""
+
+    settings: Settings
+    metrics: ServiceMetrics
+    holder: IndexHolder
+    encoders: dict[str, OnnxEncoder]
+    searcher: Searcher
+    batcher: MicroBatcher[Query, Outcome]
+    cache: ResultCache
+    model_name: str
+    decoder: ImageDecoder
+    image_batcher: MicroBatcher[Query, Outcome]  # image queries; text and embeddings: batcher
+    redis_health: RedisHealth | None = None
