@@ -140,3 +140,26 @@ def test_cli_trains_a_pvse_model_with_k_embeddings(small_shapes, tmp_path) -> No
     assert saved["model_type"] == "pvse" and saved["num_embeds"] == 2
     assert saved["onnx_io"]["image_encoder.onnx"]["outputs"]["embeddings"][1][1:] == [2, 8]
     assert (out / "image_encoder.onnx").is_file() and (out / "text_encoder.onnx").is_file()
+    check_onnx_embeddings_match_torch(out)
+
+
+def check_onnx_embeddings_match_torch(model_dir) -> None:
+    """ONNX Runtime gives all K embeddings, deterministic and MC draws, as torch does."""
+    import numpy as np
+    from PIL import Image
+
+    from models.encoder_runtime import OnnxEncoder
+    from models.probabilistic_model import load_model
+
+    model = load_model(model_dir)
+    texts = OnnxEncoder(model_dir, "text").encode_texts(["a red circle", "blue"], mc_samples=3)
+    assert texts.embeddings.shape == (2, 2, 8) and texts.mc_embeddings.shape == (3, 2, 2, 8)
+    ids, lengths = OnnxEncoder(model_dir, "text").tokenizer.encode_batch(["a red circle"], 32)
+    with torch.no_grad():
+        want = model.embed_texts(torch.from_numpy(ids), torch.from_numpy(lengths)).embeddings
+    np.testing.assert_allclose(texts.embeddings[:1], want.numpy(), atol=1e-4)
+    assert np.abs(texts.mc_embeddings - texts.embeddings[None]).max() > 1e-3  # draws differ
+    images = [Image.new("RGB", (64, 64), (200, 30, 30))]
+    encoded = OnnxEncoder(model_dir, "image").encode_images(images)
+    assert encoded.embeddings.shape == (1, 2, 8) and encoded.mc_embeddings is None
+    np.testing.assert_allclose(np.linalg.norm(encoded.embeddings, axis=-1), 1.0, atol=1e-5)
