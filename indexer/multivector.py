@@ -22,6 +22,7 @@ result (its recall belongs in the index benchmark).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import faiss
@@ -104,3 +105,20 @@ class MultiVectorIndex:
             order = np.argsort(-exact, kind="stable")[:keep]
             scores[i], rows[i] = exact[order], candidate_rows[order]
         return scores, rows
+
+
+def write_multivector(version_dir: Path, parts: Iterable[np.ndarray | None]) -> bool:
+    """Build and save the index from the gallery's (n, K, D) parts in row order; nothing when
+    the encoder gave no K embeddings (a Gaussian model). Returns whether it wrote one."""
+    chunks = list(parts)
+    if not chunks or any(c is None for c in chunks):
+        return False
+    MultiVectorIndex(np.concatenate(chunks)).save(version_dir)
+    return True
+
+
+def open_multivector(version_dir: Path) -> MultiVectorIndex | None:
+    """The version's multi-vector index, or None when it has none."""
+    if not (version_dir / MULTIVECTOR_FILE).is_file():
+        return None
+    return MultiVectorIndex.load(version_dir)

@@ -1,9 +1,20 @@
 """Multi-vector (PVSE) search against a brute-force best-pair scan of the whole gallery."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
 from indexer.multivector import MultiVectorError, MultiVectorIndex, best_pair_scores
+from indexer.publish import ReindexJob, run_reindex
+from indexer.store import open_version
+from models.datasets.records import load_dataset
+from models.encoder_runtime import OnnxEncoder
+from models.export import export_encoders
+from models.model_config import VOCAB_FILE, ModelConfig
+from models.pvse.model import PvseModel
+from models.tokenizer import Tokenizer
 
 
 def unit(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -76,3 +87,40 @@ def test_small_gallery_save_load_and_bad_input(tmp_path) -> None:
         loaded.search(unit(rng, 1, 2, 4), 0)
     with pytest.raises(MultiVectorError, match="NaN"):
         loaded.search(np.full((1, 2, 4), np.nan, dtype=np.float32), 5)
+
+
+@pytest.fixture(scope="module")
+def random_pvse(tmp_path_factory, small_shapes) -> Path:
+    """A pvse model dir (K = 2, D = 8, seeded random weights) with both ONNX encoders."""
+    out = tmp_path_factory.mktemp("pvse-model") / "random-pvse"
+    out.mkdir()
+    tokenizer = Tokenizer.build(c.text for c in load_dataset(small_shapes).captions)
+    config = ModelConfig(model_type="pvse", embed_dim=8, num_embeds=2, vocab_size=len(tokenizer))
+    torch.manual_seed(0)
+    model = PvseModel(config).eval()
+    config.save(out)
+    tokenizer.save(out / VOCAB_FILE)
+    export_encoders(model, out, verify=False)
+    return out
+
+
+def test_reindexed_pvse_gallery_searches_exactly_by_best_pair(
+    tmp_path, small_shapes, random_pvse
+) -> None:
+    job = ReindexJob(
+        modality="text", source=small_shapes, model_dir=random_pvse, index_root=tmp_path,
+        chunk_items=64, progress=False,
+    )  # fmt: skip
+    result = run_reindex(job)
+    version = open_version(result.path, verify=True)
+    assert version.multivector is not None and version.multivector.per_item == 2
+    encoder = OnnxEncoder(random_pvse, "text")
+    texts = [c.text for c in load_dataset(small_shapes).captions]
+    gallery = encoder.encode_texts(texts).embeddings  # (N, 2, 8), in gallery row order
+    np.testing.assert_allclose(version.multivector.embeddings, gallery, atol=1e-6)
+    queries = encoder.encode_texts(["a red circle", "two blue squares", "green"]).embeddings
+    for k in (10, 100):
+        scores, rows = version.multivector.search(queries, k)
+        np.testing.assert_allclose(scores, brute_force(queries, gallery, k), atol=1e-5)
+        ids = [m["id"] for m in version.metadata(rows[0].tolist())]
+        assert len(set(ids)) == k
