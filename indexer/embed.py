@@ -49,6 +49,7 @@ class Chunk:
     records: list[dict[str, Any]]  # {"id", "text" | "uri", "extra"} per kept row
     bad: list[BadItem]
     source_ids: list[str]  # ids of every source item of the chunk, kept or not
+    embeddings: np.ndarray | None = None  # (n, K, D) of a pvse encoder, else None
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def save_chunk(path: Path, chunk: Chunk) -> None:
     }
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, mu=chunk.mu, logvar=chunk.logvar, meta=np.array(json.dumps(meta)))
+        multi = {} if chunk.embeddings is None else {"embeddings": chunk.embeddings}
+        np.savez(f, mu=chunk.mu, logvar=chunk.logvar, meta=np.array(json.dumps(meta)), **multi)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -93,6 +95,7 @@ def load_chunk(path: Path) -> Chunk:
             records=meta["records"],
             bad=[BadItem(**b) for b in meta["bad"]],
             source_ids=meta["source_ids"],
+            embeddings=data["embeddings"] if "embeddings" in data.files else None,
         )
 
 
@@ -174,6 +177,7 @@ def _embed_chunk(
     """Validate, load and embed one chunk's items in batches of `batch_size`."""
     dim = encoder.embed_dim
     mus, logvars, records, bad = [], [], [], []
+    multi: list[np.ndarray] = []  # pvse: (n, K, D) per batch
     chunk_ids: set[str] = set()
     for batch in _batched(source_items, batch_size):
         inputs, batch_records = [], []
@@ -197,6 +201,8 @@ def _embed_chunk(
             )
             mus.append(np.asarray(out.mu, np.float32))  # (n, D)
             logvars.append(np.asarray(out.logvar, np.float32))
+            if getattr(out, "embeddings", None) is not None:
+                multi.append(np.asarray(out.embeddings, np.float32))
             records.extend(batch_records)
     empty = np.zeros((0, dim), np.float32)
     return Chunk(
@@ -205,6 +211,7 @@ def _embed_chunk(
         records=records,
         bad=bad,
         source_ids=[item.id for item in source_items],
+        embeddings=np.concatenate(multi) if multi else None,
     )
 
 

@@ -34,6 +34,7 @@ from indexer.manifest import (
     verify_checksums,
     write_manifest,
 )
+from indexer.multivector import write_multivector
 from indexer.registry import ActiveRegistry
 from indexer.report import build_report, check_bad_fraction, write_report
 from indexer.sources import open_source
@@ -201,6 +202,7 @@ def build_version(
     parts = ((c.mu, c.logvar, c.records) for c in map(load_chunk, summary.chunk_paths))
     write_arrays_and_metadata(version_dir, parts, summary.kept, summary.dim, job.dtype)
     write_report(version_dir / REPORT_NAME, report)
+    write_multivector(version_dir, (load_chunk(p).embeddings for p in summary.chunk_paths))
     mu = np.load(version_dir / "mu.npy", mmap_mode="r")  # (N, D)
     logvar = np.load(version_dir / "logvar.npy", mmap_mode="r")
     families = families_for(job.metrics)

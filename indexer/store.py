@@ -30,6 +30,7 @@ from indexer.manifest import (
     verify_checksums,
     write_manifest,
 )
+from indexer.multivector import EMBEDDINGS_FILE, open_multivector
 from indexer.tuning import tune_search_params
 from models.augmented import INDEX_FAMILIES, candidate_families
 from models.gaussian import METRICS
@@ -163,6 +164,8 @@ class IndexVersion:
             for family in self.manifest.families
         }
         self._metadata = _MetadataReader(self.path / METADATA_NAME)
+        # pvse versions: K vectors per row for the exact best-pair search (indexer.multivector)
+        self.multivector = open_multivector(self.path)
         self._check_counts()
 
     def _check_counts(self) -> None:
@@ -182,6 +185,8 @@ class IndexVersion:
         ]
         if self._metadata.count != count:
             problems.append(f"{METADATA_NAME} has {self._metadata.count} rows")
+        if self.multivector is not None and self.multivector.count != count:
+            problems.append(f"{EMBEDDINGS_FILE} has {self.multivector.count} rows")
         if problems:
             raise ManifestError(
                 f"{self.path}: manifest says {count} items of dim {dim}, but " + "; ".join(problems)

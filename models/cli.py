@@ -46,7 +46,7 @@ def train(
     out: Annotated[
         Path | None, typer.Option(help="model dir to write (default: PROBSEARCH_MODEL)")
     ] = None,
-    model_type: Annotated[str, typer.Option(help="gcie | gce | gie | vse")] = "gcie",
+    model_type: Annotated[str, typer.Option(help="gcie | gce | gie | vse | pvse")] = "gcie",
     metric: Annotated[
         str,
         typer.Option(
@@ -125,6 +125,15 @@ def train(
     var_max: Annotated[
         float, typer.Option(help="upper safety bound of the variance")
     ] = DEFAULT_MODEL.var_max,
+    num_embeds: Annotated[
+        int, typer.Option(help="pvse: K embeddings per item")
+    ] = DEFAULT_MODEL.num_embeds,
+    div_weight: Annotated[
+        float, typer.Option(help="pvse: weight of the diversity loss")
+    ] = DEFAULT_TRAINING.div_weight,
+    mmd_weight: Annotated[
+        float, typer.Option(help="pvse: weight of the MMD loss")
+    ] = DEFAULT_TRAINING.mmd_weight,
     seed: Annotated[int, typer.Option()] = DEFAULT_TRAINING.seed,
     resume: Annotated[bool, typer.Option(help="continue the run saved in --out")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
@@ -151,6 +160,7 @@ def train(
             var_min=var_min,
             var_max=var_max,
             variance_reads_only=variance_reads_only,
+            num_embeds=num_embeds,
         )
         train_config = TrainConfig(
             epochs=epochs,
@@ -166,6 +176,8 @@ def train(
             uniformity_weight=uniformity_weight,
             match_samples=match_samples,
             pseudo_positive_weight=pseudo_positive_weight,
+            div_weight=div_weight,
+            mmd_weight=mmd_weight,
             seed=seed,
         )
         result = run_training(

@@ -40,6 +40,9 @@ class Embeddings:
     logvar: np.ndarray
     mc_mu: np.ndarray | None = None
     mc_logvar: np.ndarray | None = None
+    # pvse encoders: the K unit embeddings, (N, K, D) and (L, N, K, D) for the MC draws
+    embeddings: np.ndarray | None = None
+    mc_embeddings: np.ndarray | None = None
 
 
 def choose_providers(device: str) -> list[str]:
@@ -112,6 +115,8 @@ class OnnxEncoder:
             str(path), session_options(self.threads), providers=choose_providers(device)
         )
         self.provider: str = self.session.get_providers()[0]
+        names = {o.name for o in self.session.get_outputs()}
+        self._outputs = ["mu", "logvar"] + (["embeddings"] if "embeddings" in names else [])
         self._mask_widths = {
             i.name: i.shape[-1] for i in self.session.get_inputs() if i.name.endswith("masks")
         }
@@ -166,6 +171,7 @@ class OnnxEncoder:
     def _run(self, feeds: dict[str, np.ndarray], batch: int, mc_samples: int) -> Embeddings:
         """Run the graph in chunks along N; split the draw-major output into its blocks."""
         draws, dim = 1 + mc_samples, self.embed_dim
+        multi: list[np.ndarray] = []  # pvse: (S, n, K, D) per chunk
         mu = np.empty((draws, batch, dim), dtype=np.float32)
         logvar = np.empty((draws, batch, dim), dtype=np.float32)
         for start in range(0, batch, self.batch_size):
@@ -175,12 +181,19 @@ class OnnxEncoder:
                 width = int(chunk["lengths"].max())
                 chunk["token_ids"] = chunk["token_ids"][:, :width]
                 chunk["word_masks"] = chunk["word_masks"][:, :, :width]
-            out_mu, out_logvar = self.session.run(["mu", "logvar"], chunk)  # (S * n, D)
+            out_mu, out_logvar, *rest = self.session.run(self._outputs, chunk)  # (S * n, D)
             mu[:, start:stop] = out_mu.reshape(draws, stop - start, dim)
             logvar[:, start:stop] = out_logvar.reshape(draws, stop - start, dim)
-        if mc_samples == 0:
-            return Embeddings(mu=mu[0], logvar=logvar[0])
-        return Embeddings(mu=mu[0], logvar=logvar[0], mc_mu=mu[1:], mc_logvar=logvar[1:])
+            if rest:
+                multi.append(rest[0].reshape(draws, stop - start, *rest[0].shape[1:]))
+        out = Embeddings(mu=mu[0], logvar=logvar[0])
+        if mc_samples:
+            out.mc_mu, out.mc_logvar = mu[1:], logvar[1:]
+        if multi:
+            embeddings = np.concatenate(multi, axis=1)  # (S, N, K, D)
+            out.embeddings = embeddings[0]
+            out.mc_embeddings = embeddings[1:] if mc_samples else None
+        return out
 
 
 def item_generators(seed: Seeds, count: int) -> list[np.random.Generator]:

@@ -7,14 +7,17 @@ image_encoder.onnx
   dropout_masks float32 (S, N, sum(cnn_channels) + image_features)
                                                          channel multipliers of each conv
                                                          block, then feature multipliers
-  -> mu, logvar float32 (S * N, D)
+  -> mu, logvar float32 (S * N, D); pvse adds embeddings float32 (S * N, K, D)
 
 text_encoder.onnx
   token_ids   int64 (N, T)                               models.tokenizer ids, 0-padded
   lengths     int64 (N,)                                 tokens per caption, 1 <= length <= T
   word_masks  float32 (S, N, T, word_dim)                dropout multipliers on word embeddings
   head_masks  float32 (S, N, text_hidden)                dropout multipliers before the heads
-  -> mu, logvar float32 (S * N, D)
+  -> mu, logvar float32 (S * N, D); pvse adds embeddings float32 (S * N, K, D)
+
+For pvse, mu and logvar summarise the K unit embeddings as a Gaussian (models.pvse.network
+.summarize: their mean, and their spread as a spherical variance).
 
 A mask entry is 0 (dropped) or 1 / (1 - p) (kept); a mask of ones is the deterministic pass.
 Outputs are draw-major: row s * N + n is draw s of item n. By convention, callers put the
@@ -69,8 +72,13 @@ def _example_inputs(
     }
 
 
-def _dynamic_axes(modality: str) -> dict[str, dict[int, str]]:
-    outputs = {"mu": {0: "rows"}, "logvar": {0: "rows"}}
+def output_names(model: ProbabilisticModel) -> list[str]:
+    """Graph outputs: mu and logvar, and for pvse the K embeddings (rows, K, D)."""
+    return ["mu", "logvar", "embeddings"] if model.config.model_type == "pvse" else ["mu", "logvar"]
+
+
+def _dynamic_axes(modality: str, outputs_of: list[str]) -> dict[str, dict[int, str]]:
+    outputs = {name: {0: "rows"} for name in outputs_of}
     if modality == "image":
         return {"images": {0: "N"}, "dropout_masks": {0: "S", 1: "N"}, **outputs}
     return {
@@ -100,8 +108,8 @@ def export_encoder(model: ProbabilisticModel, modality: str, path: Path) -> None
             dynamo=False,
             opset_version=OPSET,
             input_names=list(inputs),
-            output_names=["mu", "logvar"],
-            dynamic_axes=_dynamic_axes(modality),
+            output_names=output_names(model),
+            dynamic_axes=_dynamic_axes(modality, output_names(model)),
             do_constant_folding=True,
         )
 
@@ -120,7 +128,7 @@ def check_parity(
         inputs = _example_inputs(model, modality, batch=7, draws=draws, steps=9, seed=seed)
         with torch.no_grad():
             expected = [t.numpy() for t in encoder(*inputs.values())]
-        got = session.run(["mu", "logvar"], {k: v.numpy() for k, v in inputs.items()})
+        got = session.run(output_names(model), {k: v.numpy() for k, v in inputs.items()})
         for want, have in zip(expected, got, strict=True):
             worst = max(worst, float(np.abs(want - have).max()))
     if worst > atol:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-ModelType = Literal["gcie", "gce", "gie", "vse"]
+ModelType = Literal["gcie", "gce", "gie", "vse", "pvse"]
 Covariance = Literal["ellipsoidal", "spherical-avgpool", "spherical-one-value"]
 
-MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse")
+MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
 COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-one-value")
 
 # Similarities the training loss supports per model type (the loss uses -distance for the
@@ -33,12 +33,14 @@ TRAIN_METRICS: dict[str, tuple[str, ...]] = {
     "gce": ("mahalanobis", "w2", "kl", "min_kl", "csd", "match_prob"),
     "gie": ("mahalanobis", "w2", "kl", "min_kl", "csd", "match_prob"),
     "vse": ("cosine",),
+    "pvse": ("max_pair",),  # best cosine over the K x K embedding pairs (models.pvse)
 }
 DEFAULT_METRIC: dict[str, str] = {
     "gcie": "w2",
     "gce": "mahalanobis",
     "gie": "mahalanobis",
     "vse": "cosine",
+    "pvse": "max_pair",
 }
 
 FORMAT_VERSION = 1
@@ -90,6 +92,7 @@ class ModelConfig:
     text_hidden: int = 128
     vocab_size: int = 2
     max_caption_tokens: int = 32
+    num_embeds: int = 2  # K embeddings per item (pvse only; the paper uses 2 to 4)
     training: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, Any] = field(default_factory=dict)
 
@@ -121,6 +124,7 @@ class ModelConfig:
             "word_dim",
             "text_hidden",
             "max_caption_tokens",
+            "num_embeds",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
@@ -217,6 +221,8 @@ def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
         "mu": ["float32", [rows, config.embed_dim]],
         "logvar": ["float32", [rows, config.embed_dim]],
     }
+    if config.model_type == "pvse":
+        outputs["embeddings"] = ["float32", [rows, config.num_embeds, config.embed_dim]]
     size = config.image_size
     return {
         "opset": OPSET,
@@ -273,6 +279,8 @@ class TrainConfig:
     pseudo_positive_weight: float = 0.1  # PCME++
     grad_clip: float = 2.0
     captions_per_image: int = 0  # captions of each image per batch (0 = all of them)
+    div_weight: float = 0.1  # pvse: weight of the diversity loss (lambda_1 of the paper)
+    mmd_weight: float = 0.01  # pvse: weight of the MMD loss (lambda_2 of the paper)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -292,7 +300,9 @@ class TrainConfig:
             )
         if self.positives not in ("pairs", "plausible"):
             raise ConfigError(f"unknown positives {self.positives!r}; choose pairs or plausible")
-        if self.vib_beta < 0 or self.uniformity_weight < 0 or self.pseudo_positive_weight < 0:
+        weights = (self.vib_beta, self.uniformity_weight, self.pseudo_positive_weight,
+                   self.div_weight, self.mmd_weight)  # fmt: skip
+        if min(weights) < 0:
             raise ConfigError("regulariser weights must be >= 0")
         if self.match_samples < 1:
             raise ConfigError("match samples J must be >= 1")

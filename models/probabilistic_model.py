@@ -78,6 +78,15 @@ class ProbabilisticModel(nn.Module):
         return self.text_encoder(ids, lengths, word_masks, head_masks)
 
 
+def build_model(config: ModelConfig) -> ProbabilisticModel:
+    """The model of config.model_type (pvse has its own encoders)."""
+    if config.model_type == "pvse":
+        from models.pvse.model import PvseModel  # it subclasses ProbabilisticModel
+
+        return PvseModel(config)
+    return ProbabilisticModel(config)
+
+
 def save_checkpoint(model: ProbabilisticModel, path: Path | str, epoch: int) -> None:
     """Write the weights and config (the file `probsearch export` rebuilds the encoders from)."""
     state = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "epoch": epoch}
@@ -91,7 +100,7 @@ def load_model(model_dir: Path | str, map_location: str = "cpu") -> Probabilisti
     if not path.is_file():
         raise ConfigError(f"{path} not found: train a model into {model_dir} first")
     state = torch.load(path, map_location=map_location, weights_only=True)
-    model = ProbabilisticModel(config)
+    model = build_model(config)
     try:
         model.load_state_dict(state["state_dict"])
     except (KeyError, RuntimeError) as e:

@@ -21,7 +21,13 @@ from models.heads import fraction_at_bound
 from models.model_config import CHECKPOINT_FILE, VOCAB_FILE, ConfigError, ModelConfig, TrainConfig
 from models.objectives import BatchEmbeddings, batch_loss
 from models.objectives.hinge import similarity_matrix
-from models.probabilistic_model import ProbabilisticModel, load_model, save_checkpoint
+from models.probabilistic_model import (
+    ProbabilisticModel,
+    build_model,
+    load_model,
+    save_checkpoint,
+)
+from models.pvse.training import pvse_batch_loss, pvse_similarity
 from models.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
 from models.tokenizer import Tokenizer
 from models.training_data import (
@@ -136,10 +142,13 @@ def validate(
     image_mu, image_logvar, caption_mu, caption_logvar = encode_split(model, split, device)
     config = model.config
     params = {"seed": 0} if config.metric == "match_prob" else {}
-    similarity = similarity_matrix(
-        config.model_type, config.metric, image_mu, image_logvar, caption_mu, caption_logvar,
-        **params,
-    )  # fmt: skip  # (N_img, N_cap)
+    if config.model_type == "pvse":
+        similarity = pvse_similarity(model, split, device)  # (N_img, N_cap)
+    else:
+        similarity = similarity_matrix(
+            config.model_type, config.metric, image_mu, image_logvar, caption_mu, caption_logvar,
+            **params,
+        )  # fmt: skip  # (N_img, N_cap)
     distances = -similarity.float().cpu()
     owner = split.caption_image  # (N_cap,)
     positive = owner[None, :] == torch.arange(split.num_images)[:, None]  # (N_img, N_cap)
@@ -187,6 +196,16 @@ def train_epoch(
     ):
         images = image_batch(split, image_rows, model.config).to(device)
         ids, lengths = caption_batch(split, caption_rows)
+        if model.config.model_type == "pvse":
+            plausible = None
+            if config.positives == "plausible":
+                plausible = split.batch_plausible(image_rows, caption_rows).to(device)
+            loss = pvse_batch_loss(
+                model, images, (ids.to(device), lengths.to(device)), owner.to(device),
+                plausible, config, negatives, generator,
+            )  # fmt: skip
+            total, steps = total + _step(model, optimizer, loss, config), steps + 1
+            continue
         image_mu, image_logvar = model.encode_images(images, generator, stochastic=True)
         caption_mu, caption_logvar = model.encode_texts(
             ids.to(device), lengths.to(device), generator, stochastic=True
@@ -202,12 +221,22 @@ def train_epoch(
         )
         match = (model.match_scale, model.match_shift)
         loss = batch_loss(batch, model.config, config, match, negatives, generator)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        total, steps = total + loss.item(), steps + 1
+        total, steps = total + _step(model, optimizer, loss, config), steps + 1
     return total / max(steps, 1)
+
+
+def _step(
+    model: ProbabilisticModel,
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    config: TrainConfig,
+) -> float:
+    """One optimiser step on `loss` (gradients clipped); returns the loss."""
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    return loss.item()
 
 
 @dataclass
@@ -336,7 +365,7 @@ def train(
         out_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(out_dir / VOCAB_FILE)
         device = pick_device()
-        model = ProbabilisticModel(model_config).to(device)
+        model = build_model(model_config).to(device)
         optimizer = torch.optim.Adam(parameter_groups(model, train_config))
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode="max", factor=train_config.lr_decay, patience=train_config.lr_patience

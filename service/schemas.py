@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from models.gaussian import METRICS
 
-Metric = Literal[METRICS]  # type: ignore[valid-type]
+Metric = Literal[(*METRICS, "max_pair")]  # type: ignore[valid-type]  # max_pair: pvse
 Gallery = Literal["image", "text"]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 

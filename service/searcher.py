@@ -24,6 +24,7 @@ from models.scoring.rerank import Ranked, exact_rerank
 from models.uncertainty import log_det, sample_gaussian
 from service.errors import IndexUnavailableError, InvalidQueryError
 from service.index_holder import IndexHolder, LoadedIndex
+from service.pvse_search import MAX_PAIR, check_max_pair, max_pair_scores, rank_max_pair
 
 QueryKind = Literal["text", "image", "embedding"]
 # A text query searches the image gallery and an image query the caption gallery.
@@ -73,6 +74,8 @@ class Encoded:
     mc_mu: np.ndarray | None  # (L, D)
     mc_logvar: np.ndarray | None  # (L, D)
     encode_ms: float
+    embeddings: np.ndarray | None = None  # (K, D) of a pvse encoder
+    mc_embeddings: np.ndarray | None = None  # (L, K, D)
 
 
 @dataclass
@@ -239,6 +242,8 @@ class Searcher:
                 mc_mu=None if out.mc_mu is None else out.mc_mu[:, i],
                 mc_logvar=None if out.mc_logvar is None else out.mc_logvar[:, i],
                 encode_ms=encode_ms,
+                embeddings=None if out.embeddings is None else out.embeddings[i],
+                mc_embeddings=None if out.mc_embeddings is None else out.mc_embeddings[:, i],
             )
             for i, position in enumerate(positions)
         }
@@ -262,6 +267,10 @@ class Searcher:
                 continue
             plans[(plan.shortlist_metric, plan.size)].append(plan)
         for (shortlist_metric, size), group in plans.items():
+            if shortlist_metric == MAX_PAIR:  # pvse: ranked exactly by indexer.multivector
+                for plan in group:
+                    results[plan.position] = self._finish(loaded, plan, np.empty(0, np.int64), 0.0)
+                continue
             start = time.perf_counter()
             mu_q = np.stack([p.encoded.mu for p in group]).astype(np.float32)  # (Q, D)
             logvar_q = np.stack([p.encoded.logvar for p in group]).astype(np.float32)  # (Q, D)
@@ -287,6 +296,11 @@ class Searcher:
                 f"index {loaded.version} holds {manifest.dim}-dimensional embeddings"
             )
         metric = query.params.metric or self.default_metric
+        k = query.params.k
+        size = query.params.shortlist or min(default_shortlist(k), self.max_shortlist)
+        if metric == MAX_PAIR:
+            check_max_pair(index, query.gallery, enc.embeddings)
+            return _Plan(position, query, enc, metric, MAX_PAIR, max(size, k))
         shortlist_metric = self.shortlist_metric(metric)
         if not index.supports(shortlist_metric):
             raise InvalidQueryError(
@@ -294,18 +308,24 @@ class Searcher:
                 f"{loaded.version} (its shortlist needs the {shortlist_metric!r} index); "
                 f"choose one of: {', '.join(manifest.metrics)}"
             )
-        k = query.params.k
-        size = query.params.shortlist or min(default_shortlist(k), self.max_shortlist)
         return _Plan(position, query, enc, metric, shortlist_metric, max(size, k))
 
     def _finish(
         self, loaded: LoadedIndex, plan: _Plan, candidate_rows: np.ndarray, shortlist_ms: float
     ) -> Outcome:
-        index, params = loaded.index, plan.query.params
         start = time.perf_counter()
         # The exact re-rank keeps `size` candidates: for min_kl the index returns the union
         # of two shortlists, which holds the exact top-`size`.
-        ranked = exact_rerank(
+        ranked = self._rank(loaded, plan, candidate_rows)
+        rerank_ms = 1000 * (time.perf_counter() - start)
+        return self._outcome(loaded, plan, ranked, shortlist_ms, rerank_ms)
+
+    def _rank(self, loaded: LoadedIndex, plan: _Plan, candidate_rows: np.ndarray) -> Ranked:
+        index = loaded.index
+        if plan.metric == MAX_PAIR:
+            assert plan.encoded.embeddings is not None
+            return rank_max_pair(index, plan.encoded.embeddings, plan.size, self.device)
+        return exact_rerank(
             plan.metric,
             plan.encoded.mu,
             plan.encoded.logvar,
@@ -315,7 +335,16 @@ class Searcher:
             plan.size,
             self.device,
         )
-        rerank_ms = 1000 * (time.perf_counter() - start)
+
+    def _outcome(
+        self,
+        loaded: LoadedIndex,
+        plan: _Plan,
+        ranked: Ranked,
+        shortlist_ms: float,
+        rerank_ms: float,
+    ) -> Outcome:
+        index, params = loaded.index, plan.query.params
         start = time.perf_counter()
         calibration = loaded.index.manifest.calibration.get(plan.metric)
         temperature = params.temperature or (
@@ -326,7 +355,12 @@ class Searcher:
             threshold = calibration.threshold
         score_name = calibration.score if calibration is not None else DEFAULT_REJECT_SCORE
         enc = plan.encoded
-        scores = self._scores(plan.metric, enc, ranked, temperature)
+        if plan.metric == MAX_PAIR:
+            scores = max_pair_scores(
+                index, enc.logvar, enc.mc_embeddings, enc.mc_mu, ranked, temperature
+            )
+        else:
+            scores = self._scores(plan.metric, enc, ranked, temperature)
         unc = Uncertainty.of(scores)
         reject = RejectScore(score_name, _first(scores.get(score_name)), threshold)
         uncertainty_ms = 1000 * (time.perf_counter() - start)
@@ -350,9 +384,7 @@ class Searcher:
             },
         )
 
-    def _scores(
-        self, metric: str, enc: Encoded, ranked: Ranked, temperature: float
-    ) -> QueryScores:
+    def _scores(self, metric: str, enc: Encoded, ranked: Ranked, temperature: float) -> QueryScores:
         """models.scoring's scores of one query over its re-ranked shortlist."""
 
         def tensor(array: np.ndarray) -> torch.Tensor:

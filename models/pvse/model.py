@@ -1,0 +1,65 @@
+"""The PVSE model: ProbabilisticModel's interface (so training, export and evaluation treat it
+like the other types) with PIE-Net encoders that also give the K embeddings."""
+
+from __future__ import annotations
+
+import torch
+
+from models.heads import dropout_masks
+from models.model_config import ModelConfig
+from models.probabilistic_model import Embedding, ProbabilisticModel
+from models.pvse.network import PvseImageEncoder, PvseOutput, PvseTextEncoder
+
+
+class PvseModel(ProbabilisticModel):
+    """Image and caption PIE-Nets (no shared weights). encode_* return the Gaussian summary
+    (mean of the K embeddings, spread as a spherical variance); embed_* the full output."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.image_encoder = PvseImageEncoder(config)
+        self.text_encoder = PvseTextEncoder(config)
+
+    def embed_images(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> PvseOutput:
+        """images (N, 3, H, W) -> PvseOutput of N rows; one dropout draw if `stochastic`."""
+        shape = self.image_mask_shape(1, images.shape[0])
+        p = self.config.dropout if stochastic else 0.0
+        return self.image_encoder.embed(images, dropout_masks(shape, p, generator, images.device))
+
+    def embed_texts(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> PvseOutput:
+        """ids (N, T), lengths (N,) -> PvseOutput of N rows; one dropout draw if `stochastic`."""
+        word_shape, head_shape = self.text_mask_shapes(1, ids.shape[0], ids.shape[1])
+        p = self.config.dropout if stochastic else 0.0
+        word_masks = dropout_masks(word_shape, p, generator, ids.device)
+        head_masks = dropout_masks(head_shape, p, generator, ids.device)
+        return self.text_encoder.embed(ids, lengths, word_masks, head_masks)
+
+    def encode_images(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_images(images, generator, stochastic)
+        return out.mu, out.logvar
+
+    def encode_texts(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_texts(ids, lengths, generator, stochastic)
+        return out.mu, out.logvar

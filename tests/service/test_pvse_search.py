@@ -1,0 +1,81 @@
+"""A pvse model end to end: `probsearch train --model-type pvse`, `reindex`, then the running
+service's top-10 against a brute-force best-pair ranking of the whole gallery."""
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from indexer.registry import ActiveRegistry
+from models.datasets.shapes import generate_shapes
+from models.encoder_runtime import OnnxEncoder
+from service.settings import Settings
+from tests.service.conftest import ServerThread, probsearch
+
+# The console script imports this checkout (a git worktree may differ from the installed one).
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+QUERIES = ("a red circle", "two blue squares", "a small green triangle")
+
+
+@pytest.fixture(scope="module")
+def pvse_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pvse-service")
+    shapes, model, index_root = root / "shapes", root / "model", root / "indexes"
+    generate_shapes(shapes, num_images=120, seed=0, workers=1, progress=False)
+    probsearch("train", "--data", shapes, "--out", model, "--model-type", "pvse",
+               "--num-embeds", "2", "--epochs", "1", "--no-progress", env=ENV)  # fmt: skip
+    for modality in ("image", "text"):
+        probsearch("reindex", "--modality", modality, "--source", shapes, "--model", model,
+                   "--index-root", index_root, "--metrics", "w2", "--index-type", "flat",
+                   "--activate", env=ENV)  # fmt: skip
+    settings = Settings(index_root=index_root, model=model, device="cpu", mc_samples=4)
+    with ServerThread(settings) as running:
+        yield running, model, index_root
+
+
+def brute_force_top10(model, index_root, text: str) -> list[str]:
+    """Best-pair cosine of the query's K vectors to every gallery item's, by plain numpy."""
+    version = index_root / "image" / ActiveRegistry(index_root, None).versions("image")[0]
+    gallery = np.load(version / "embeddings.npy")  # (N, K, D)
+    query = OnnxEncoder(model, "text").encode_texts([text]).embeddings[0]  # (K, D)
+    scores = np.array([max(float(x @ y) for x in query for y in item) for item in gallery])
+    with sqlite3.connect(version / "metadata.sqlite") as db:
+        ids = dict(db.execute("select row, id from items"))
+    return [str(ids[int(row)]) for row in np.argsort(-scores, kind="stable")[:10]]
+
+
+def test_text_search_top10_is_the_brute_force_best_pair_ranking(pvse_server) -> None:
+    server, model, index_root = pvse_server
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for text in QUERIES:
+            response = client.post("/search/text", json={"text": text, "k": 10, "mc_samples": 4})
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert body["metric"] == "max_pair"
+            assert [r["id"] for r in body["results"]] == brute_force_top10(model, index_root, text)
+            distances = [r["distance"] for r in body["results"]]
+            assert distances == sorted(distances)
+            assert body["query"]["mutual_information"] is not None
+            assert all(np.isfinite(r["log_det"]) for r in body["results"])
+
+
+def test_image_search_and_bad_metric_requests(pvse_server) -> None:
+    server, _, index_root = pvse_server
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        images = sorted((index_root.parent / "shapes" / "images").iterdir())
+        png = images[0].read_bytes()
+        response = client.post("/search/image", files={"image": ("a.png", png, "image/png")})
+        assert response.status_code == 200, response.text
+        assert response.json()["metric"] == "max_pair" and len(response.json()["results"]) == 10
+        mu = json.loads(client.post(
+            "/search/text", json={"text": "a red circle", "return_embedding": True}
+        ).text)["query"]  # fmt: skip
+        bad = client.post(
+            "/search/embedding",
+            json={"mu": mu["mu"], "logvar": mu["logvar"], "gallery": "image", "metric": "max_pair"},
+        )
+        assert bad.status_code in (400, 422) and "pvse" in bad.text
