@@ -1,0 +1,161 @@
+"""Bounded HTTP load generators (closed loop and offered rate) and their latency summary.
+
+Used by benchmarks/service_bench.py. A request is made by a `RequestMaker`: i -> (method,
+path, body bytes or None, headers), so bodies are built ahead of the timing where possible and
+the client spends as little CPU as it can (it shares the machine with the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+Request = tuple[str, str, bytes | None, dict[str, str]]
+RequestMaker = Callable[[int], Request]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request: when it was due (open loop) or sent (closed loop), when it ended."""
+
+    start: float  # time.perf_counter()
+    end: float
+    ok: bool  # HTTP 2xx
+    cache: str | None  # the X-Cache header: "hit", "miss" or None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Latency percentiles (ms) and throughput of the requests inside a measurement window."""
+
+    count: int  # requests started inside the window (their latencies are the percentiles)
+    errors: int  # of those, answered with a non-2xx status or failed
+    p50: float
+    p95: float
+    p99: float
+    mean: float
+    qps: float  # successful completions inside the window per second
+    hit_fraction: float  # of the successful started requests, answered from the cache
+
+
+def summarise(records: list[Record], window_start: float, window_end: float) -> Summary:
+    """Percentiles over the requests started in [window_start, window_end) (warm-up before it
+    is left out); QPS counts the successful ones that completed in the window."""
+    inside = [r for r in records if window_start <= r.start < window_end]
+    latencies = np.array([1000 * (r.end - r.start) for r in inside if r.ok], dtype=np.float64)
+    done = sum(1 for r in records if r.ok and window_start <= r.end < window_end)
+    ok = [r for r in inside if r.ok]
+    hits = sum(1 for r in ok if r.cache == "hit")
+
+    def pct(q: float) -> float:
+        return float(np.percentile(latencies, q)) if len(latencies) else math.nan
+
+    return Summary(
+        count=len(inside),
+        errors=len(inside) - len(ok),
+        p50=pct(50),
+        p95=pct(95),
+        p99=pct(99),
+        mean=float(latencies.mean()) if len(latencies) else math.nan,
+        qps=done / (window_end - window_start),
+        hit_fraction=hits / len(ok) if ok else math.nan,
+    )
+
+
+async def _send(client: httpx.AsyncClient, request: Request) -> tuple[bool, str | None]:
+    method, path, body, headers = request
+    try:
+        response = await client.request(method, path, content=body, headers=headers)
+    except httpx.HTTPError:
+        return False, None
+    return response.is_success, response.headers.get("x-cache")
+
+
+async def closed_loop(
+    client: httpx.AsyncClient,
+    make: RequestMaker,
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    min_measured: int = 0,
+    max_extra_s: float = 30.0,
+) -> tuple[list[Record], float, float]:
+    """`concurrency` workers, each sending its next request when the last one is answered,
+    for warmup_s + duration_s, extended (by at most max_extra_s) until at least min_measured
+    requests were started after the warm-up (a slow server at high concurrency would
+    otherwise start none). Returns (records, window start, window end)."""
+    records: list[Record] = []
+    counter = itertools.count()
+    begin = time.perf_counter()
+    window_start, stop = begin + warmup_s, begin + warmup_s + duration_s
+    measured, closing = 0, math.inf
+
+    async def worker() -> None:
+        nonlocal measured, closing
+        for i in counter:
+            request = make(i)
+            start = time.perf_counter()
+            if start >= closing:
+                return
+            if start >= stop and (measured >= min_measured or start >= stop + max_extra_s):
+                closing = min(closing, start)
+                return
+            measured += start >= window_start
+            ok, cache = await _send(client, request)
+            records.append(Record(start, time.perf_counter(), ok, cache))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return records, window_start, min(closing, time.perf_counter())
+
+
+def arrival_offsets(rate: float, total_s: float, seed: int) -> np.ndarray:
+    """Poisson arrival times (s from the start) at `rate` per second within total_s."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, int(rate * total_s * 1.5) + 16)
+    offsets = np.cumsum(gaps)
+    return offsets[offsets < total_s]
+
+
+async def open_loop(
+    client: httpx.AsyncClient,
+    make: RequestMaker,
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+    max_in_flight: int = 1024,
+    seed: int = 0,
+) -> tuple[list[Record], float, float]:
+    """Requests due at Poisson arrival times of `rate` per second, sent whether or not the
+    earlier ones were answered. Latency counts from when a request was due (so a server that
+    falls behind is charged for the queue, no coordinated omission); a request due while
+    max_in_flight are outstanding is recorded as failed. Returns (records, window)."""
+    records: list[Record] = []
+    begin = time.perf_counter()
+    in_flight: set[asyncio.Task] = set()
+
+    async def one(due: float, request: Request) -> None:
+        ok, cache = await _send(client, request)
+        records.append(Record(due, time.perf_counter(), ok, cache))
+
+    for i, offset in enumerate(arrival_offsets(rate, warmup_s + duration_s, seed)):
+        request = make(i)
+        due = begin + float(offset)
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if len(in_flight) >= max_in_flight:
+            records.append(Record(due, due, False, None))
+            continue
+        task = asyncio.create_task(one(due, request))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    if in_flight:
+        await asyncio.gather(*in_flight)
+    return records, begin + warmup_s, begin + warmup_s + duration_s

@@ -1,0 +1,82 @@
+"""The service benchmark's load generators and latency summary (benchmarks/load_generator.py)."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from load_generator import (
+    Record,
+    arrival_offsets,
+    closed_loop,
+    open_loop,
+    summarise,
+)
+
+
+def test_summary_leaves_out_warmup_and_failures_and_counts_completions_in_the_window():
+    latencies = np.arange(1, 11, dtype=np.float64)  # ms, requests started at 10.0 .. 10.9
+    records = [Record(9.5, 10.5, True, "miss")]  # warm-up: started before the window
+    records += [Record(10 + i / 10, 10 + i / 10 + ms / 1000, True, "hit" if i < 3 else "miss")
+                for i, ms in enumerate(latencies)]  # fmt: skip
+    records.append(Record(10.35, 10.4, False, None))  # a failure: counted, not in percentiles
+    records.append(Record(10.95, 11.2, True, "miss"))  # ends after the window: not in QPS
+    summary = summarise(records, 10.0, 11.0)
+    every = np.append(latencies, 250.0)
+    for q, value in ((50, summary.p50), (95, summary.p95), (99, summary.p99)):
+        assert value == pytest.approx(np.percentile(every, q))
+    assert summary.mean == pytest.approx(every.mean())
+    assert (summary.count, summary.errors) == (12, 1)
+    # completed in [10, 11): the warm-up one (at 10.5) and the ten; per second of window
+    assert summary.qps == pytest.approx(11.0)
+    assert summary.hit_fraction == pytest.approx(3 / 11)
+
+
+def _server(delay_s: float, seen: dict) -> httpx.AsyncClient:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen["now"] += 1
+        seen["max"] = max(seen["max"], seen["now"])
+        await asyncio.sleep(delay_s)
+        seen["now"] -= 1
+        return httpx.Response(200, headers={"x-cache": "miss"})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://bench")
+
+
+def request(i: int):
+    return "GET", f"/q/{i}", None, {}
+
+
+def test_closed_loop_never_exceeds_its_concurrency_and_waits_for_enough_measured_requests():
+    seen = {"now": 0, "max": 0}
+
+    async def run():
+        async with _server(0.05, seen) as client:
+            # the window (10 ms) is shorter than one request: it must be extended
+            return await closed_loop(client, request, 4, 0.02, 0.01, min_measured=4)
+
+    records, start, end = asyncio.run(run())
+    assert seen["max"] == 4
+    summary = summarise(records, start, end)
+    assert summary.count >= 4 and summary.errors == 0
+    assert summary.p50 >= 50
+
+
+def test_open_loop_sends_at_the_scheduled_times_and_charges_queueing_to_latency():
+    seen = {"now": 0, "max": 0}
+    rate, warmup, duration = 200.0, 0.1, 0.3
+
+    async def run():
+        async with _server(0.02, seen) as client:
+            return await open_loop(client, request, rate, warmup, duration, seed=3)
+
+    records, start, end = asyncio.run(run())
+    assert len(records) == len(arrival_offsets(rate, warmup + duration, 3))
+    assert seen["max"] > 1  # not closed loop: requests overlap
+    assert end - start == pytest.approx(duration)
+    assert min(r.end - r.start for r in records) >= 0.02
