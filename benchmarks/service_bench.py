@@ -49,7 +49,14 @@ sys.path.insert(0, str(ROOT))
 # As the probsearch CLI does, before any OpenMP pool starts: waiting threads sleep, not spin.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from load_generator import Summary, closed_loop, open_loop, summarise  # noqa: E402
+from load_generator import (  # noqa: E402
+    RawHttpClient,
+    Summary,
+    closed_loop,
+    httpx_sender,
+    open_loop,
+    summarise,
+)
 
 SCENARIOS = ("main", "threads", "batching", "open-loop", "gallery")
 DEFAULT_SCENARIOS = "main,threads,batching,open-loop"
@@ -496,13 +503,24 @@ def request_maker(cell: Cell, art: Artifacts, gallery: tuple | None, nonce: str)
 
 def measure(url: str, process: psutil.Process, cell: Cell, make, args) -> Measured:
     async def drive() -> tuple:
-        limits = httpx.Limits(max_connections=max(cell.concurrency, 256))
-        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-            if cell.rate:
-                return await open_loop(client, make, cell.rate, args.warmup, args.open_duration)
-            return await closed_loop(
-                client, make, cell.concurrency, args.warmup, args.duration, cell.concurrency
-            )
+        connections = max(cell.concurrency, 256)
+        if args.client == "httpx":
+            limits = httpx.Limits(max_connections=connections)
+            async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+                return await load(httpx_sender(client))
+        host, port = url.removeprefix("http://").split(":")
+        client = RawHttpClient(host, int(port), connections)
+        try:
+            return await load(client.send)
+        finally:
+            await client.close()
+
+    async def load(send) -> tuple:
+        if cell.rate:
+            return await open_loop(send, make, cell.rate, args.warmup, args.open_duration)
+        return await closed_loop(
+            send, make, cell.concurrency, args.warmup, args.duration, cell.concurrency
+        )
 
     cpu_client, cpu_server = time.process_time(), sum(process.cpu_times()[:2])
     wall = time.perf_counter()
@@ -652,7 +670,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--rate", type=float, default=100.0, help="open-loop offered QPS")
     parser.add_argument(
-        "--threads", default="1,2,default", help="PROBSEARCH_THREADS values of the threads scenario"
+        "--threads", help="PROBSEARCH_THREADS values of the threads scenario (1,2,default)"
     )
     parser.add_argument(
         "--background-load",
@@ -680,6 +698,12 @@ def parse_args() -> argparse.Namespace:
         "e.g. .cache/demo to reuse the demo's",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/service_bench.md")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="HTTP client of the load generator (httpx: slow at high concurrency)",
+    )
     parser.add_argument("--raw-parts", help=argparse.SUPPRESS)
     args = parser.parse_args()
     quick = args.quick
@@ -689,6 +713,7 @@ def parse_args() -> argparse.Namespace:
         "warmup": 0.3 if quick else 2.0,
         "gallery_size": 20_000 if quick else 1_000_000,
         "raw_iterations": 40 if quick else 300,
+        "threads": "1,default" if quick else "1,2,default",
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:

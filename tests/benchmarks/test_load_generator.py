@@ -4,13 +4,13 @@ import asyncio
 import sys
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from load_generator import (
+    RawHttpClient,
     Record,
     arrival_offsets,
     closed_loop,
@@ -37,15 +37,17 @@ def test_summary_leaves_out_warmup_and_failures_and_counts_completions_in_the_wi
     assert summary.hit_fraction == pytest.approx(3 / 11)
 
 
-def _server(delay_s: float, seen: dict) -> httpx.AsyncClient:
-    async def handler(request: httpx.Request) -> httpx.Response:
+def _fake_server(delay_s: float, seen: dict):
+    """A Sender that takes delay_s per request and records how many overlap."""
+
+    async def send(request):
         seen["now"] += 1
         seen["max"] = max(seen["max"], seen["now"])
         await asyncio.sleep(delay_s)
         seen["now"] -= 1
-        return httpx.Response(200, headers={"x-cache": "miss"})
+        return True, "miss"
 
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://bench")
+    return send
 
 
 def request(i: int):
@@ -54,13 +56,9 @@ def request(i: int):
 
 def test_closed_loop_never_exceeds_its_concurrency_and_waits_for_enough_measured_requests():
     seen = {"now": 0, "max": 0}
-
-    async def run():
-        async with _server(0.05, seen) as client:
-            # the window (10 ms) is shorter than one request: it must be extended
-            return await closed_loop(client, request, 4, 0.02, 0.01, min_measured=4)
-
-    records, start, end = asyncio.run(run())
+    # the window (10 ms) is shorter than one request: it must be extended
+    run = closed_loop(_fake_server(0.05, seen), request, 4, 0.02, 0.01, min_measured=4)
+    records, start, end = asyncio.run(run)
     assert seen["max"] == 4
     summary = summarise(records, start, end)
     assert summary.count >= 4 and summary.errors == 0
@@ -70,13 +68,46 @@ def test_closed_loop_never_exceeds_its_concurrency_and_waits_for_enough_measured
 def test_open_loop_sends_at_the_scheduled_times_and_charges_queueing_to_latency():
     seen = {"now": 0, "max": 0}
     rate, warmup, duration = 200.0, 0.1, 0.3
-
-    async def run():
-        async with _server(0.02, seen) as client:
-            return await open_loop(client, request, rate, warmup, duration, seed=3)
-
-    records, start, end = asyncio.run(run())
+    run = open_loop(_fake_server(0.02, seen), request, rate, warmup, duration, seed=3)
+    records, start, end = asyncio.run(run)
     assert len(records) == len(arrival_offsets(rate, warmup + duration, 3))
     assert seen["max"] > 1  # not closed loop: requests overlap
     assert end - start == pytest.approx(duration)
     assert min(r.end - r.start for r in records) >= 0.02
+
+
+def test_raw_client_reads_both_body_framings_keeps_connections_alive_and_reconnects():
+    answers = [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-cache: hit\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        b"HTTP/1.1 422 Unprocessable\r\ncontent-length: 2\r\n\r\n{}",
+    ]
+    connections, bodies = [], []
+
+    async def handle(reader, writer):
+        connections.append(writer)
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = [int(x.split(b":")[1]) for x in head.split(b"\r\n") if b"content-length" in x]
+            bodies.append(await reader.readexactly(length[0]) if length else b"")
+            writer.write(answers[(len(bodies) - 1) % len(answers)])
+            await writer.drain()
+            if len(bodies) == 3:  # the server drops the idle connection after the third
+                writer.close()
+                return
+
+    async def run():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = RawHttpClient("127.0.0.1", server.sockets[0].getsockname()[1], 4)
+        got = [await client.send(("POST", "/x", b'{"a": 1}', {})) for _ in range(4)]
+        await client.close()
+        server.close()
+        return got
+
+    got = asyncio.run(run())
+    assert got == [(True, "hit"), (True, None), (False, None), (True, "hit")]
+    assert len(connections) == 2  # kept alive for three, then one reconnection
+    assert bodies == [b'{"a": 1}'] * 4
