@@ -23,6 +23,10 @@ from service_bench import (
     thread_server,
 )
 
+CLIENTS = {
+    "raw": "one asyncio HTTP/1.1 keep-alive client (load_generator.RawHttpClient)",
+    "httpx": "one httpx.AsyncClient (slow past a few connections: encode/httpx#3215)",
+}
 PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")
 SCENARIO_TITLES = {
     "main": "Endpoints x draws x cache x concurrency (shipped settings)",
@@ -251,8 +255,8 @@ def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start,
         f" {args.open_duration:g} s); closed loop = c clients each sending its next request when"
         " the last is answered; latency percentiles over the requests started in the measured"
         " window, QPS = successful completions in it per second",
-        "- client: one httpx AsyncClient in the benchmark's process, on the same machine (its CPU"
-        " is the client CPU column, in cores); server CPU likewise, for the server process",
+        f"- client: {CLIENTS[args.client]} in the benchmark's process, on the same machine (its"
+        " CPU is the client CPU column, in cores); server CPU likewise, for the server process",
         "- cache: `miss` cells send distinct requests (text, image bytes or mu differ), `hit`"
         " cells repeat one; hit % is the share answered with X-Cache: hit",
         "- servers (PROBSEARCH_* each one ran with; Redis on a free port, db 0 demo / db 1"
