@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -23,7 +24,8 @@ import numpy as np
 
 Request = tuple[str, str, bytes | None, dict[str, str]]
 RequestMaker = Callable[[int], Request]
-Sender = Callable[[Request], Awaitable[tuple[bool, str | None]]]  # -> (2xx, X-Cache)
+# -> (HTTP status, X-Cache header); status 0: no answer (connection failed or timed out)
+Sender = Callable[[Request], Awaitable[tuple[int, str | None]]]
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,12 @@ class Record:
 
     start: float  # time.perf_counter()
     end: float
-    ok: bool  # HTTP 2xx
+    status: int  # HTTP status; 0: no answer
     cache: str | None  # the X-Cache header: "hit", "miss" or None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Summary:
 
     count: int  # requests started inside the window (their latencies are the percentiles)
     errors: int  # of those, answered with a non-2xx status or failed
+    error_statuses: dict[int, int]  # status (0: no answer) -> how many of the errors
     p50: float
     p95: float
     p99: float
@@ -65,6 +72,7 @@ def summarise(records: list[Record], window_start: float, window_end: float) -> 
     return Summary(
         count=len(inside),
         errors=len(inside) - len(ok),
+        error_statuses=dict(Counter(r.status for r in inside if not r.ok)),
         p50=pct(50),
         p95=pct(95),
         p99=pct(99),
@@ -84,7 +92,7 @@ class RawHttpClient:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._slots = asyncio.Semaphore(max_connections)
 
-    async def send(self, request: Request) -> tuple[bool, str | None]:
+    async def send(self, request: Request) -> tuple[int, str | None]:
         method, path, body, headers = request
         head = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}"]
         head += [f"{name}: {value}" for name, value in headers.items()]
@@ -104,13 +112,13 @@ class RawHttpClient:
                         conn[1].close()
                     if reused and attempt == 0:
                         continue
-                    return False, None
+                    return 0, None
                 if response_headers.get("connection", "").lower() == "close":
                     conn[1].close()
                 else:
                     self._idle.append(conn)
-                return 200 <= status < 300, response_headers.get("x-cache")
-        return False, None
+                return status, response_headers.get("x-cache")
+        return 0, None
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(self.host, self.port, limit=1 << 22)
@@ -144,13 +152,13 @@ class RawHttpClient:
 def httpx_sender(client: httpx.AsyncClient) -> Sender:
     """A Sender on an httpx.AsyncClient (slow at high concurrency; see the module doc)."""
 
-    async def send(request: Request) -> tuple[bool, str | None]:
+    async def send(request: Request) -> tuple[int, str | None]:
         method, path, body, headers = request
         try:
             response = await client.request(method, path, content=body, headers=headers)
         except httpx.HTTPError:
-            return False, None
-        return response.is_success, response.headers.get("x-cache")
+            return 0, None
+        return response.status_code, response.headers.get("x-cache")
 
     return send
 
@@ -185,8 +193,8 @@ async def closed_loop(
                 closing = min(closing, start)
                 return
             measured += start >= window_start
-            ok, cache = await send(request)
-            records.append(Record(start, time.perf_counter(), ok, cache))
+            status, cache = await send(request)
+            records.append(Record(start, time.perf_counter(), status, cache))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records, window_start, min(closing, time.perf_counter())
@@ -218,8 +226,8 @@ async def open_loop(
     in_flight: set[asyncio.Task] = set()
 
     async def one(due: float, request: Request) -> None:
-        ok, cache = await send(request)
-        records.append(Record(due, time.perf_counter(), ok, cache))
+        status, cache = await send(request)
+        records.append(Record(due, time.perf_counter(), status, cache))
 
     for i, offset in enumerate(arrival_offsets(rate, warmup_s + duration_s, seed)):
         request = make(i)
@@ -228,7 +236,7 @@ async def open_loop(
         if delay > 0:
             await asyncio.sleep(delay)
         if len(in_flight) >= max_in_flight:
-            records.append(Record(due, due, False, None))
+            records.append(Record(due, due, 0, None))
             continue
         task = asyncio.create_task(one(due, request))
         in_flight.add(task)

@@ -534,7 +534,7 @@ def measure(url: str, process: psutil.Process, cell: Cell, make, args) -> Measur
     s = measured.summary
     print(
         f"  {label(cell):<58} n={s.count:<6} p50={s.p50:7.2f} p99={s.p99:7.2f} "
-        f"qps={s.qps:7.1f} err={s.errors}",
+        f"qps={s.qps:7.1f} err={s.errors} {s.error_statuses or ''}",
         flush=True,
     )
     return measured

@@ -86,13 +86,21 @@ def commit() -> str:
     return git("rev-parse", "--short", "HEAD").strip() + dirty
 
 
+def errors(s) -> str:
+    """ "3 (503: 2, none: 1)": the count, then by status (none: no answer)."""
+    if not s.errors:
+        return "0"
+    kinds = ", ".join(f"{k or 'none'}: {v}" for k, v in sorted(s.error_statuses.items()))
+    return f"{s.errors} ({kinds})"
+
+
 def row(cell: Cell, m: Measured) -> str:
     s = m.summary
     load = str(cell.concurrency) if not cell.rate else f"{cell.rate:g}/s"
     hit = "" if math.isnan(s.hit_fraction) else f"{100 * s.hit_fraction:.0f}"
     return (
         f"| {cell.server.name} | {'on' if cell.background else 'off'} | {cell.endpoint} |"
-        f" {cell.metric or ''} | {cell.draws} | {cell.cache} | {load} | {s.count} | {s.errors}"
+        f" {cell.metric or ''} | {cell.draws} | {cell.cache} | {load} | {s.count} | {errors(s)}"
         f" | {hit} | {fmt(s.p50, 2)} | {fmt(s.p95, 2)} | {fmt(s.p99, 2)} | {fmt(s.qps)} |"
         f" {fmt(m.client_cpu, 2)} | {fmt(m.server_cpu, 2)} |"
     )

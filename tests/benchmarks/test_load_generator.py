@@ -21,17 +21,17 @@ from load_generator import (
 
 def test_summary_leaves_out_warmup_and_failures_and_counts_completions_in_the_window():
     latencies = np.arange(1, 11, dtype=np.float64)  # ms, requests started at 10.0 .. 10.9
-    records = [Record(9.5, 10.5, True, "miss")]  # warm-up: started before the window
-    records += [Record(10 + i / 10, 10 + i / 10 + ms / 1000, True, "hit" if i < 3 else "miss")
+    records = [Record(9.5, 10.5, 200, "miss")]  # warm-up: started before the window
+    records += [Record(10 + i / 10, 10 + i / 10 + ms / 1000, 200, "hit" if i < 3 else "miss")
                 for i, ms in enumerate(latencies)]  # fmt: skip
-    records.append(Record(10.35, 10.4, False, None))  # a failure: counted, not in percentiles
-    records.append(Record(10.95, 11.2, True, "miss"))  # ends after the window: not in QPS
+    records.append(Record(10.35, 10.4, 503, None))  # a failure: counted, not in percentiles
+    records.append(Record(10.95, 11.2, 200, "miss"))  # ends after the window: not in QPS
     summary = summarise(records, 10.0, 11.0)
     every = np.append(latencies, 250.0)
     for q, value in ((50, summary.p50), (95, summary.p95), (99, summary.p99)):
         assert value == pytest.approx(np.percentile(every, q))
     assert summary.mean == pytest.approx(every.mean())
-    assert (summary.count, summary.errors) == (12, 1)
+    assert (summary.count, summary.errors, summary.error_statuses) == (12, 1, {503: 1})
     # completed in [10, 11): the warm-up one (at 10.5) and the ten; per second of window
     assert summary.qps == pytest.approx(11.0)
     assert summary.hit_fraction == pytest.approx(3 / 11)
@@ -45,7 +45,7 @@ def _fake_server(delay_s: float, seen: dict):
         seen["max"] = max(seen["max"], seen["now"])
         await asyncio.sleep(delay_s)
         seen["now"] -= 1
-        return True, "miss"
+        return 200, "miss"
 
     return send
 
@@ -108,6 +108,6 @@ def test_raw_client_reads_both_body_framings_keeps_connections_alive_and_reconne
         return got
 
     got = asyncio.run(run())
-    assert got == [(True, "hit"), (True, None), (False, None), (True, "hit")]
+    assert got == [(200, "hit"), (200, None), (422, None), (200, "hit")]
     assert len(connections) == 2  # kept alive for three, then one reconnection
     assert bodies == [b'{"a": 1}'] * 4
