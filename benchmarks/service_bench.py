@@ -2,8 +2,9 @@
 
 Starts redis-server (no persistence) and `probsearch serve` in subprocesses (settings through
 PROBSEARCH_* variables) against the demo's model and indexes (service.demo.build_demo, cached
-in the work dir), drives them with a closed-loop load generator (httpx, concurrency 1/4/16/64)
-and an offered-rate (open-loop) one, times the raw parts of a text query in a separate process
+in the work dir), drives them with a closed-loop load generator (concurrency 1/4/16/64; an
+asyncio HTTP/1.1 client, or httpx.AsyncClient with --client httpx) and an offered-rate
+(open-loop) one, times the raw parts of a text query in a separate process
 on the objects the server builds (ONNX encode, FAISS shortlist, exact re-rank, uncertainty,
 metadata) and the app's no-op endpoint (GET /healthz), and writes a Markdown table per scenario
 to benchmarks/results/service_bench.md with the machine, load average and command.
@@ -27,17 +28,12 @@ import json
 import os
 import secrets
 import shlex
-import shutil
-import socket
 import struct
 import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -56,6 +52,15 @@ from load_generator import (  # noqa: E402
     httpx_sender,
     open_loop,
     summarise,
+)
+from service_bench_setup import (  # noqa: E402
+    Artifacts,
+    background_load,
+    demo_artifacts,
+    gallery_queries,
+    redis_server,
+    server,
+    synthetic_gallery,
 )
 
 SCENARIOS = ("main", "threads", "batching", "open-loop", "gallery")
@@ -180,51 +185,7 @@ def noop(server: ServerConfig, concurrency: int, background: bool) -> Cell:
     return Cell(server, "noop", 0, "miss", concurrency, background=background)
 
 
-# ----- processes: Redis, the server, background load ---------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextmanager
-def redis_server(log_dir: Path) -> Iterator[str]:
-    """A throwaway redis-server on a free port, no persistence; yields its base URL."""
-    import redis
-
-    port = free_port()
-    log = (log_dir / "redis.log").open("w")
-    command = [
-        "redis-server",
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"redis://127.0.0.1:{port}"
-    try:
-        client = redis.Redis.from_url(url)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError(f"redis-server did not answer; see {log_dir / 'redis.log'}")
-        client.close()
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        log.close()
+# ----- the server's environment --------------------------------------------------------------
 
 
 def server_env(config: ServerConfig, extra: dict[str, str], redis_url: str) -> dict[str, str]:
@@ -236,194 +197,6 @@ def server_env(config: ServerConfig, extra: dict[str, str], redis_url: str) -> d
     env.update(extra)
     env.update(dict(config.env))
     return env
-
-
-SERVE = "import sys; from service.cli import main; sys.argv[0] = 'probsearch'; main()"
-
-
-@contextmanager
-def server(env: dict[str, str], model: Path, index_root: Path, log_path: Path) -> Iterator[tuple]:
-    """`probsearch serve` on a free port; yields (base URL, psutil.Process) once ready."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-c",
-        SERVE,
-        "serve",
-        "--model",
-        str(model),
-        "--index-root",
-        str(index_root),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    log = log_path.open("w")
-    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not become ready; log:\n{tail(log_path)}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url, psutil.Process(process.pid)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-@contextmanager
-def background_load(active: bool) -> Iterator[None]:
-    """One busy-loop process per logical CPU while active."""
-    spinners = []
-    if active:
-        spinners = [
-            subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(os.cpu_count() or 1)
-        ]
-        time.sleep(0.5)
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.terminate()
-        for spinner in spinners:
-            spinner.wait(timeout=10)
-
-
-# ----- artifacts -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Artifacts:
-    """The demo's model and indexes, and what requests are built from."""
-
-    model: Path
-    index_root: Path
-    captions: list[str]  # test-split captions
-    images: list[bytes]  # test-split PNG files
-    gallery_mu: np.ndarray  # rows of the image gallery, for embedding queries
-    gallery_logvar: np.ndarray
-
-
-def demo_artifacts(demo_dir: Path, quick: bool) -> Artifacts:
-    """Build (or reuse) the demo's data, model and calibrated indexes in demo_dir."""
-    from indexer.registry import ActiveRegistry
-    from models.threads import configure_torch_threads
-    from service.demo import SMALL_PLAN, DemoPlan, build_demo
-
-    plan = SMALL_PLAN if quick else DemoPlan()
-    configure_torch_threads()  # as `probsearch demo` does
-    paths = build_demo(demo_dir, plan, None, say=lambda line: print(line, flush=True))
-    registry = ActiveRegistry(paths.index_root, None)
-    version = registry.version_path("image", registry.active_version("image"))
-    lines = (paths.data / "captions.jsonl").read_text().splitlines()
-    captions = [c["text"] for c in map(json.loads, lines) if c["split"] == "test"]
-    lines = (paths.data / "images.jsonl").read_text().splitlines()
-    files = [im["file"] for im in map(json.loads, lines) if im["split"] == "test"][:64]
-    rows = slice(0, 256)
-    return Artifacts(
-        paths.model,
-        paths.index_root,
-        captions,
-        [(paths.data / name).read_bytes() for name in files],
-        np.load(version / "mu.npy", mmap_mode="r")[rows].astype(np.float32),
-        np.load(version / "logvar.npy", mmap_mode="r")[rows].astype(np.float32),
-    )
-
-
-def synthetic_gallery(work: Path, model: Path, count: int, metrics: tuple[str, ...]) -> Path:
-    """An index root whose active image version holds `count` synthetic Gaussians of the
-    model's dimension (clustered, as benchmarks/index_bench.py draws them), indexed as
-    `probsearch reindex` would (index type auto); built once per size, metrics and model."""
-    from index_bench import clustered_gaussians
-
-    from indexer.build import default_memory_budget, plan_index
-    from indexer.manifest import Calibration, Manifest, checksum_dir, write_manifest
-    from indexer.publish import model_fingerprint, verify_version
-    from indexer.registry import ActiveRegistry
-    from indexer.store import (
-        families_for,
-        served_metrics,
-        write_arrays_and_metadata,
-        write_indexes,
-    )
-    from models.model_config import ModelConfig
-
-    dim = ModelConfig.load(model).embed_dim
-    name, model_hash = model_fingerprint(model, "image")
-    root = work / f"gallery-{count}-d{dim}-{'-'.join(metrics)}-{model_hash[:12]}"
-    registry, version = ActiveRegistry(root, None), "synthetic"
-    final = registry.version_path("image", version)
-    if (final / "manifest.json").is_file():
-        return root
-    tmp = final.with_name(".tmp-synthetic")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    started = time.perf_counter()
-    mu, logvar = clustered_gaussians(count, dim, seed=0, clusters=1000)
-    block = 100_000
-    parts = (
-        (
-            mu[s : s + block],
-            logvar[s : s + block],
-            [
-                {"id": f"syn-{i}", "uri": f"synthetic://{i}"}
-                for i in range(s, min(s + block, count))
-            ],
-        )
-        for s in range(0, count, block)
-    )
-    write_arrays_and_metadata(tmp, parts, count, dim)
-    del mu, logvar
-    families = families_for(metrics)
-    plan = plan_index("auto", count, dim, families, default_memory_budget())
-    stored = [np.load(tmp / f"{a}.npy", mmap_mode="r") for a in ("mu", "logvar")]
-    index_params, search_params = write_indexes(tmp, *stored, plan)
-    del stored
-    served = served_metrics(families)
-    manifest = Manifest(
-        version=version,
-        modality="image",
-        model_name=name,
-        model_hash=model_hash,
-        dim=dim,
-        count=count,
-        metrics=served,
-        families=families,
-        index_type=plan.index_type,
-        index_params=index_params,
-        search_params=search_params,
-        calibration={m: Calibration() for m in served},
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        source="synthetic",
-    ).with_files(checksum_dir(tmp))
-    write_manifest(tmp, manifest)
-    verify_version(tmp)
-    os.rename(tmp, final)
-    registry.activate("image", version)
-    print(
-        f"built the synthetic gallery ({count} x {dim}, {plan.index_type}) in "
-        f"{time.perf_counter() - started:.0f} s: {root}",
-        flush=True,
-    )
-    return root
 
 
 # ----- requests ------------------------------------------------------------------------------
@@ -585,17 +358,6 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
                                 state.cells[cell] = measure(url, process, cell, make, args)
 
 
-def gallery_queries(index_root: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Query Gaussians near gallery items (moved by noise in request_maker)."""
-    version = index_root / "image" / "synthetic"
-    rows = np.random.default_rng(1).integers(
-        0, len(np.load(version / "mu.npy", mmap_mode="r")), 256
-    )
-    rows.sort()
-    mu = np.load(version / "mu.npy", mmap_mode="r")[rows].astype(np.float32)
-    return mu, np.load(version / "logvar.npy", mmap_mode="r")[rows].astype(np.float32)
-
-
 def setting_env(setting: str) -> tuple[str, str]:
     name, sep, value = setting.partition("=")
     if not sep:
@@ -642,7 +404,7 @@ def main() -> None:
 
     load_start, started = os.getloadavg(), time.perf_counter()
     plan = plan_cells(args)
-    state = RunState()
+    state = RunState(notes=list(args.note))
     try:
         run_all(args, plan, state)
     finally:
@@ -704,6 +466,7 @@ def parse_args() -> argparse.Namespace:
         default="raw",
         help="HTTP client of the load generator (httpx: slow at high concurrency)",
     )
+    parser.add_argument("--note", action="append", default=[], help="a line for the report")
     parser.add_argument("--raw-parts", help=argparse.SUPPRESS)
     args = parser.parse_args()
     quick = args.quick
