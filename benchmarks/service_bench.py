@@ -125,6 +125,7 @@ class RunState:
     cells: dict[Cell, Measured] = field(default_factory=dict)
     raw: dict[tuple[str, bool], dict] = field(default_factory=dict)  # (threads, background)
     servers: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> env
+    server_threads: dict[str, int] = field(default_factory=dict)  # name -> OS threads at the end
     notes: list[str] = field(default_factory=list)
 
 
@@ -259,7 +260,7 @@ def request_maker(cell: Cell, art: Artifacts, gallery: tuple | None, nonce: str)
 
     def embedding(i: int) -> tuple:
         row = index(i) % len(mu)
-        noise = np.random.default_rng(abs(hash(key(i)))).standard_normal(mu.shape[1])
+        noise = np.random.default_rng(zlib.crc32(key(i).encode())).standard_normal(mu.shape[1])
         body = {
             "mu": np.round(mu[row] + 0.1 * noise, 5).tolist(),
             "logvar": np.round(logvar[(row + 1) % len(mu)], 5).tolist(),
@@ -356,6 +357,8 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
                             if cell.server == config and cell.background == background:
                                 make = request_maker(cell, art, gallery, f"{nonce}c{position}")
                                 state.cells[cell] = measure(url, process, cell, make, args)
+                # Whether a thread setting took effect shows in the server's thread count.
+                state.server_threads[config.name] = process.num_threads()
 
 
 def setting_env(setting: str) -> tuple[str, str]:

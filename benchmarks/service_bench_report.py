@@ -272,7 +272,9 @@ def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start,
     ]
     for name, env in state.servers.items():
         shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if k != "PROBSEARCH_REDIS_URL")
-        lines.append(f"  - {name}: {shown or 'shipped defaults'}")
+        threads = state.server_threads.get(name)
+        running = f" ({threads} OS threads after its cells)" if threads else ""
+        lines.append(f"  - {name}: {shown or 'shipped defaults'}{running}")
     lines += [f"- note: {note}" for note in state.notes]
     lines += ["", "## Issue 13 targets", "", *checks(args, state), ""]
     if state.raw:
