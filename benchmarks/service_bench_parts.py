@@ -1,0 +1,115 @@
+"""The raw parts of one text query, timed in-process on the objects the server builds.
+
+Run by benchmarks/service_bench.py in a process of its own with the server's environment
+(PROBSEARCH_*), so the services come from the same settings: service.main.build_services, then
+per query the ONNX encode with L draws, the FAISS shortlist, the exact re-rank
+(models.scoring.rerank.exact_rerank), the uncertainty scores
+(models.scoring.query_scores.shortlist_scores) and the metadata lookup of the top k, each
+timed on its own, with nothing else (no HTTP, no batcher, no cache, no response model).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+
+from models.scoring.query_scores import shortlist_scores
+from models.scoring.rerank import exact_rerank
+from service.main import build_services
+from service.metrics import ServiceMetrics
+from service.searcher import DEFAULT_TEMPERATURE, default_shortlist
+from service.settings import Settings
+
+PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")
+DRAWS = (16, 0)
+WARMUP = 20
+K = 10
+
+
+def pin_threads(services, threads: int) -> None:
+    """An explicit thread count for torch, FAISS and the text encoder's ONNX session (so the
+    parts run with N threads whatever the service itself does with PROBSEARCH_THREADS)."""
+    import onnxruntime as ort
+
+    from models.model_config import TEXT_ONNX_FILE
+    from models.threads import configure_torch_threads
+
+    configure_torch_threads(threads)
+    faiss.omp_set_num_threads(threads)
+    encoder = services.encoders["text"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    encoder.session = ort.InferenceSession(
+        str(Path(encoder.model_dir) / TEXT_ONNX_FILE),
+        options,
+        providers=encoder.session.get_providers(),
+    )
+
+
+def time_parts(spec: dict) -> dict:
+    """p50/p95 ms of each part and of their sum, per draw count; and the threads in use."""
+    settings = Settings(
+        model=Path(spec["model"]), index_root=Path(spec["index_root"]), galleries=["image"]
+    )
+    services = build_services(settings, ServiceMetrics())
+    try:
+        if spec["threads"] != "default":
+            pin_threads(services, int(spec["threads"]))
+        with services.holder.acquire("image") as loaded:
+            result = {f"L={draws}": _time(services, loaded, spec, draws) for draws in DRAWS}
+        options = services.encoders["text"].session.get_session_options()
+        result["threads"] = {
+            "torch": torch.get_num_threads(),
+            "torch_interop": torch.get_num_interop_threads(),
+            "faiss": faiss.omp_get_max_threads(),
+            "onnx_intra_op": options.intra_op_num_threads,  # 0: ONNX Runtime's default
+        }
+        return result
+    finally:
+        services.holder.stop()
+        services.decoder.close()
+
+
+def _time(services, loaded, spec: dict, draws: int) -> dict:
+    encoder, searcher, index = services.encoders["text"], services.searcher, loaded.index
+    metric = searcher.default_metric
+    shortlist_metric, size = searcher.shortlist_metric(metric), default_shortlist(K)
+    calibration = index.manifest.calibration.get(metric)
+    temperature = calibration.temperature if calibration else DEFAULT_TEMPERATURE
+    captions, device = spec["captions"], searcher.device
+    samples = []
+    for i in range(WARMUP + spec["iterations"]):
+        t0 = time.perf_counter()
+        out = encoder.encode_texts([f"{captions[i % len(captions)]} raw{i}"], draws, [i])
+        mu, logvar = out.mu[0], out.logvar[0]  # (D,)
+        t1 = time.perf_counter()
+        _, rows = index.shortlist(shortlist_metric, mu[None], logvar[None], size)  # (1, S)
+        t2 = time.perf_counter()
+        ranked = exact_rerank(metric, mu, logvar, index.mu, index.logvar, rows[0], size, device)
+        t3 = time.perf_counter()
+        query = tuple(torch.from_numpy(a).to(device)[None] for a in (mu, logvar))  # (1, D)
+        mc = None
+        if out.mc_mu is not None and draws > 0:
+            mc = tuple(
+                torch.from_numpy(np.ascontiguousarray(a)).to(device)
+                for a in (out.mc_mu, out.mc_logvar)
+            )  # (L, 1, D)
+        shortlist_scores(metric, query, mc, (ranked.mu[None], ranked.logvar[None]), temperature)
+        t4 = time.perf_counter()
+        index.metadata(ranked.rows[:K].tolist())
+        t5 = time.perf_counter()
+        if i >= WARMUP:
+            samples.append(np.diff([t0, t1, t2, t3, t4, t5]) * 1000)
+    times = np.array(samples)  # (iterations, parts)
+    total = times.sum(axis=1)
+    return {
+        "metric": metric,
+        "shortlist": size,
+        "parts_p50": dict(zip(PARTS, np.percentile(times, 50, axis=0).tolist(), strict=True)),
+        "total_p50": float(np.percentile(total, 50)),
+        "total_p95": float(np.percentile(total, 95)),
+    }
