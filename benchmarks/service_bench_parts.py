@@ -30,35 +30,17 @@ WARMUP = 20
 K = 10
 
 
-def pin_threads(services, threads: int) -> None:
-    """An explicit thread count for torch, FAISS and the text encoder's ONNX session (so the
-    parts run with N threads whatever the service itself does with PROBSEARCH_THREADS)."""
-    import onnxruntime as ort
-
-    from models.model_config import TEXT_ONNX_FILE
-    from models.threads import configure_torch_threads
-
-    configure_torch_threads(threads)
-    faiss.omp_set_num_threads(threads)
-    encoder = services.encoders["text"]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    encoder.session = ort.InferenceSession(
-        str(Path(encoder.model_dir) / TEXT_ONNX_FILE),
-        options,
-        providers=encoder.session.get_providers(),
-    )
-
-
 def time_parts(spec: dict) -> dict:
     """p50/p95 ms of each part and of their sum, per draw count; and the threads in use."""
+    threads = None if spec["threads"] == "default" else int(spec["threads"])
     settings = Settings(
-        model=Path(spec["model"]), index_root=Path(spec["index_root"]), galleries=["image"]
+        model=Path(spec["model"]),
+        index_root=Path(spec["index_root"]),
+        galleries=["image"],
+        threads=threads,
     )
-    services = build_services(settings, ServiceMetrics())
+    services = build_services(settings, ServiceMetrics())  # applies the serve thread budget
     try:
-        if spec["threads"] != "default":
-            pin_threads(services, int(spec["threads"]))
         with services.holder.acquire("image") as loaded:
             result = {f"L={draws}": _time(services, loaded, spec, draws) for draws in DRAWS}
         options = services.encoders["text"].session.get_session_options()
@@ -66,7 +48,7 @@ def time_parts(spec: dict) -> dict:
             "torch": torch.get_num_threads(),
             "torch_interop": torch.get_num_interop_threads(),
             "faiss": faiss.omp_get_max_threads(),
-            "onnx_intra_op": options.intra_op_num_threads,  # 0: ONNX Runtime's default
+            "onnx_intra_op": options.intra_op_num_threads,
         }
         return result
     finally:
