@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -78,9 +79,18 @@ def reindex(
     image_root: Annotated[Path | None, typer.Option(help="Image folder of a COCO json.")] = None,
     memory_budget_gb: Annotated[float | None, typer.Option(help="Index RAM budget.")] = None,
     device: Annotated[str, typer.Option(help="auto|cpu|cuda for the encoder.")] = "auto",
+    engine: Annotated[str, typer.Option(help="local (this process) or ray (Ray Data).")] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster to use; default: a local Ray runtime.")
+    ] = None,
+    ray_workers: Annotated[
+        int | None, typer.Option(min=1, help="Encoder actors; default: one per GPU or CPU.")
+    ] = None,
+    ray_threads: Annotated[int, typer.Option(min=1, help="ONNX threads per CPU actor.")] = 1,
 ) -> None:
     """Embed a gallery and publish a new index version (optionally activating it)."""
     from indexer.publish import ReindexJob, run_reindex
+    from indexer.ray_engine import RayOptions
     from indexer.threads import apply_thread_budget
 
     settings = ProbsearchSettings()
@@ -104,14 +114,22 @@ def reindex(
         image_root=image_root,
         memory_budget=int(memory_budget_gb * 2**30) if memory_budget_gb else None,
         device=device,
+        engine=engine,
+        ray=RayOptions(ray_address, ray_workers, ray_threads),
     )
     _setup_logging()
+    started = time.perf_counter()
     result = _run(lambda: run_reindex(job))
+    wall = time.perf_counter() - started
     report = result.report
     typer.echo(
         f"published {modality} version {result.version} at {result.path}: {report['kept']} items"
         f" ({report['bad']} skipped, {result.reused_chunks} chunks reused)"
         + ("; activated" if result.activated else "")
+    )
+    typer.echo(
+        f"{report['total']} items read in {wall:.1f} s wall time"
+        f" ({report['total'] / max(wall, 1e-9):.1f} items/s, engine {engine})"
     )
     if result.calibration_note:
         typer.echo(f"calibration: {result.calibration_note}")

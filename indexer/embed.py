@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_ITEMS = 4096
 MAX_CAPTION_CHARS = 1000
+DUPLICATE_DETAIL = "an earlier item has the same id; kept the first"
 
 
 class Encoder(Protocol):
@@ -99,7 +100,8 @@ def load_chunk(path: Path) -> Chunk:
         )
 
 
-def _batched(items: Iterable[GalleryItem], size: int) -> Iterator[list[GalleryItem]]:
+def batched(items: Iterable[GalleryItem], size: int) -> Iterator[list[GalleryItem]]:
+    """Consecutive lists of `size` items (the last may be shorter): the chunks and batches."""
     iterator = iter(items)
     while batch := list(itertools.islice(iterator, size)):
         yield batch
@@ -124,11 +126,11 @@ def embed_gallery(
     bad: list[BadItem] = []
     kept = reused = count = 0
     bar = tqdm(total=total, unit="item", desc=f"embedding {modality}", disable=not progress)
-    for index, source_items in enumerate(_batched(items, chunk_items)):
+    for index, source_items in enumerate(batched(items, chunk_items)):
         path = chunk_path(work_dir, index)
-        chunk = _reusable_chunk(path, source_items)
+        chunk = reusable_chunk(path, source_items)
         if chunk is None:
-            chunk = _embed_chunk(
+            chunk = embed_chunk(
                 source_items, encoder, modality, seen, batch_size, max_caption_chars
             )
             save_chunk(path, chunk)
@@ -141,13 +143,13 @@ def embed_gallery(
         count += len(source_items)
         bar.update(len(source_items))
     bar.close()
-    _drop_stale_chunks(work_dir, len(paths))
+    drop_stale_chunks(work_dir, len(paths))
     if reused:
         log.info("reused %d of %d embedded chunks from %s", reused, len(paths), work_dir)
     return EmbedSummary(paths, count, kept, bad, reused, encoder.embed_dim)
 
 
-def _reusable_chunk(path: Path, source_items: list[GalleryItem]) -> Chunk | None:
+def reusable_chunk(path: Path, source_items: list[GalleryItem]) -> Chunk | None:
     """The chunk on disk if it was made from exactly these source items, else None."""
     if not path.is_file():
         return None
@@ -159,14 +161,14 @@ def _reusable_chunk(path: Path, source_items: list[GalleryItem]) -> Chunk | None
     return chunk if chunk.source_ids == [item.id for item in source_items] else None
 
 
-def _drop_stale_chunks(work_dir: Path, count: int) -> None:
+def drop_stale_chunks(work_dir: Path, count: int) -> None:
     """Remove chunk files past the end of the stream (left by a longer, older source)."""
     for path in work_dir.glob("chunk-*.npz"):
         if int(path.stem.split("-")[1]) >= count:
             path.unlink()
 
 
-def _embed_chunk(
+def embed_chunk(
     source_items: list[GalleryItem],
     encoder: Encoder,
     modality: str,
@@ -179,7 +181,7 @@ def _embed_chunk(
     mus, logvars, records, bad = [], [], [], []
     multi: list[np.ndarray] = []  # pvse: (n, K, D) per batch
     chunk_ids: set[str] = set()
-    for batch in _batched(source_items, batch_size):
+    for batch in batched(source_items, batch_size):
         inputs, batch_records = [], []
         for item in batch:
             duplicate = item.id in seen or item.id in chunk_ids
@@ -220,7 +222,7 @@ def _screen(item: GalleryItem, duplicate: bool, max_caption_chars: int) -> BadIt
     if item.problem is not None:
         return BadItem(item.id, "malformed_record", item.problem)
     if duplicate:
-        return BadItem(item.id, "duplicate_id", "an earlier item has the same id; kept the first")
+        return BadItem(item.id, "duplicate_id", DUPLICATE_DETAIL)
     if item.text is not None:
         if not item.text.strip():
             return BadItem(item.id, "empty_caption", "caption is empty or whitespace")

@@ -55,6 +55,7 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     calibration_inherited_from: str | None = None  # version whose calibration was copied
+    engine: str = "local"  # what embedded the gallery: "local" or "ray" (reindex --engine)
 
     def to_json(self) -> str:
         """Serialise to indented JSON (the on-disk form)."""

@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,9 +35,10 @@ from indexer.manifest import (
     write_manifest,
 )
 from indexer.multivector import write_multivector
+from indexer.ray_engine import RayOptions
 from indexer.registry import ActiveRegistry
 from indexer.report import build_report, check_bad_fraction, write_report
-from indexer.sources import open_source
+from indexer.sources import GallerySource, open_source
 from indexer.store import (
     REPORT_NAME,
     families_for,
@@ -51,6 +52,7 @@ from models.gaussian import check_metric
 log = logging.getLogger(__name__)
 
 SANITY_SAMPLES = 100
+ENGINES = ("local", "ray")
 
 
 class VerificationError(ValueError):
@@ -80,6 +82,8 @@ class ReindexJob:
     device: str = "auto"
     progress: bool = True
     seed: int = 0
+    engine: str = "local"  # "local" (this process) or "ray" (indexer.ray_engine)
+    ray: RayOptions = field(default_factory=RayOptions)
 
     def validate(self) -> None:
         """Refuse bad settings before any work is done (ValueError with the fix)."""
@@ -97,6 +101,8 @@ class ReindexJob:
             raise ValueError(f"--max-bad-fraction must be in [0, 1]; got {self.max_bad_fraction}")
         if self.batch_size < 1 or self.chunk_items < 1:
             raise ValueError("--batch-size and --chunk-items must be >= 1")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; choose {' or '.join(ENGINES)}")
 
 
 @dataclass(frozen=True)
@@ -134,8 +140,6 @@ def new_version_name(key: str) -> str:
 
 def run_reindex(job: ReindexJob) -> PublishResult:
     """Embed the gallery, build and verify a version, publish it, optionally activate it."""
-    from models.encoder_runtime import OnnxEncoder
-
     job.validate()
     registry = ActiveRegistry(job.index_root, job.redis_url)
     modality_dir = registry.modality_dir(job.modality)
@@ -145,18 +149,7 @@ def run_reindex(job: ReindexJob) -> PublishResult:
         f"{source.fingerprint}|{model_hash}|{job.chunk_items}|{job.max_caption_chars}".encode()
     ).hexdigest()[:16]
     work_dir = modality_dir / ".work" / key
-    encoder = OnnxEncoder(job.model_dir, job.modality, job.device, job.batch_size)
-    summary = embed_gallery(
-        source.items(),
-        encoder,
-        job.modality,
-        work_dir,
-        total=source.count,
-        chunk_items=job.chunk_items,
-        batch_size=job.batch_size,
-        max_caption_chars=job.max_caption_chars,
-        progress=job.progress,
-    )
+    summary = embed_source(job, source, work_dir)
     report = build_report(summary.total, summary.bad)
     write_report(work_dir / REPORT_NAME, report)
     check_bad_fraction(report, job.max_bad_fraction, work_dir / REPORT_NAME)
@@ -178,6 +171,40 @@ def run_reindex(job: ReindexJob) -> PublishResult:
         shutil.rmtree(tmp_dir, ignore_errors=True)  # gone after the rename; cleanup on failure
     shutil.rmtree(work_dir, ignore_errors=True)
     return PublishResult(version, path, job.activate, report, summary.reused_chunks, inherited.note)
+
+
+def embed_source(job: ReindexJob, source: GallerySource, work_dir: Path) -> EmbedSummary:
+    """Embed the gallery into chunk files in `work_dir` with the job's engine: this process
+    (indexer.embed) or a Ray cluster (indexer.ray_engine); both write the same chunks."""
+    if job.engine == "ray":
+        from indexer.ray_engine import embed_gallery_ray
+
+        return embed_gallery_ray(
+            source.items(),
+            job.model_dir,
+            job.modality,
+            work_dir,
+            job.ray,
+            device=job.device,
+            chunk_items=job.chunk_items,
+            batch_size=job.batch_size,
+            max_caption_chars=job.max_caption_chars,
+            progress=job.progress,
+        )
+    from models.encoder_runtime import OnnxEncoder
+
+    encoder = OnnxEncoder(job.model_dir, job.modality, job.device, job.batch_size)
+    return embed_gallery(
+        source.items(),
+        encoder,
+        job.modality,
+        work_dir,
+        total=source.count,
+        chunk_items=job.chunk_items,
+        batch_size=job.batch_size,
+        max_caption_chars=job.max_caption_chars,
+        progress=job.progress,
+    )
 
 
 def version_metrics(job: ReindexJob) -> tuple[str, ...]:
@@ -230,6 +257,7 @@ def build_version(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         dtype=job.dtype,
         source=info["source"],
+        engine=job.engine,
     )
     manifest = manifest.with_files(checksum_dir(version_dir))
     write_manifest(version_dir, manifest)

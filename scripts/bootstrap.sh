@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs probsearch with the CPU extra and the dev tools, plus
+# Creates .venv (if missing) and installs probsearch with the CPU extra, the dev tools and Ray
+# (tests/indexer/test_ray_engine.py runs `reindex --engine ray` on a local Ray), plus
 # the Debian packages the tests need when the machine lacks them: redis-server (the tests start
 # Redis servers of their own) and chromium with chromium-driver (the search page's browser test).
 set -euo pipefail
@@ -10,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[cpu,dev]'
+.venv/bin/python -m pip install --quiet -e '.[cpu,dev,ray]'
 
 apt_updated=""
 apt_install() {

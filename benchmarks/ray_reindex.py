@@ -1,0 +1,66 @@
+"""Reindex throughput, --engine local vs --engine ray with 1 and 2 encoder actors, on one
+shapes image gallery: wall time of the whole command (Ray start-up, embedding, FAISS build,
+verification, publish) and items/s, each run from an empty work dir.
+
+    python benchmarks/ray_reindex.py --images 20000 --out benchmarks/results/ray_reindex.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ray_kill_resume import REPO, make_model
+
+from models.datasets.shapes import generate_shapes
+
+RUNS = {  # name -> extra reindex flags
+    "local (1 process, 2 ONNX threads)": ["--engine", "local"],
+    "ray, 1 actor x 1 thread": ["--engine", "ray", "--ray-workers", "1", "--ray-threads", "1"],
+    "ray, 2 actors x 1 thread": ["--engine", "ray", "--ray-workers", "2", "--ray-threads", "1"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=20_000)
+    parser.add_argument("--chunk-items", type=int, default=1024)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ray-bench-"))
+    started = time.monotonic()
+    shapes = generate_shapes(tmp / "shapes", args.images, seed=0, workers=1, progress=False)
+    model = make_model(tmp / "model", shapes)
+    print(f"gallery and model in {time.monotonic() - started:.0f} s", flush=True)
+    cli = [sys.executable, "-c", "from indexer.cli import app; app()", "reindex",
+           "--modality", "image", "--source", str(shapes), "--model", str(model),
+           "--index-type", "flat", "--chunk-items", str(args.chunk_items)]  # fmt: skip
+    rows = []
+    for number, (name, flags) in enumerate(RUNS.items()):
+        command = [*cli, "--index-root", str(tmp / f"indexes-{number}"), *flags]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+        wall = float(re.search(r"in ([0-9.]+) s wall time", done.stdout).group(1))
+        rows.append(f"| {name} | {args.images} | {wall:.1f} | {args.images / wall:.0f} |")
+        print(rows[-1], flush=True)
+    lines = [f"# {__doc__.splitlines()[0]}", "", "```",
+             f"python benchmarks/{Path(__file__).name} --images {args.images} --out {args.out}",
+             "```", "", f"Machine: {os.cpu_count()} CPUs shared with other jobs (load average"
+             f" {os.getloadavg()[0]:.1f} at the end); random-weight gcie encoder, D = 8;"
+             f" chunks of {args.chunk_items} images, batches of 64.", "",
+             "| engine | images | wall s | images/s |", "| --- | --- | --- | --- |",
+             *rows]  # fmt: skip
+    args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
