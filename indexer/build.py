@@ -1,8 +1,8 @@
-"""FAISS indexes from metric-native augmented vectors: type choice, build, search-parameter tuning.
+"""FAISS indexes from metric-native augmented vectors: type choice and build (the write side).
 
 One index per family (models.augmented). Exact mu/logvar never live in FAISS: the indexes only
-produce shortlists. Search parameters (nprobe / efSearch) are stored per family and passed with
-every search call, never set on the shared index.
+produce shortlists. Searching them is indexer.read_index; tuning their search parameters is
+indexer.tuning.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from models.augmented import (
-    augmented_dim,
-    gallery_vectors,
-    index_form,
-    query_vectors,
-    scores_to_distances,
-)
+from indexer.read_index import DuplicateGroups
+from models.augmented import augmented_dim, gallery_vectors, index_form
 
 INDEX_TYPES = ("auto", "flat", "ivf", "ivfsq", "hnsw", "ivfpq")
 COMPRESSED_TYPES = ("ivfsq", "ivfpq")  # codes reorder close neighbours: tuned for a shortlist
@@ -215,38 +210,6 @@ def _row_bytes(mu: np.ndarray, logvar: np.ndarray, rows) -> np.ndarray:
     return np.ascontiguousarray(both).view(np.uint8).reshape(len(both), -1).view(np.uint32)
 
 
-class DuplicateGroups:
-    """Rows sharing one embedding; the index holds each group once, under its first row."""
-
-    def __init__(self, representatives: np.ndarray) -> None:
-        self.representatives = np.asarray(representatives, np.int64)  # (N,)
-        self._order = np.argsort(self.representatives, kind="stable")  # (N,) grouped rows
-        self._sorted = self.representatives[self._order]
-        self.unique_rows = np.flatnonzero(self.representatives == np.arange(len(representatives)))
-
-    def members(self, representative: int) -> np.ndarray:
-        """All rows of a group, in row order (the representative first)."""
-        lo, hi = np.searchsorted(self._sorted, [representative, representative + 1])
-        return self._order[lo:hi]
-
-    def expand(
-        self, distances: np.ndarray, rows: np.ndarray, k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Replace each representative (Q, k') by its group's rows, keeping the first k."""
-        out_distances = np.full((len(rows), k), np.inf, np.float32)
-        out_rows = np.full((len(rows), k), -1, np.int64)
-        for q in range(len(rows)):
-            filled = 0
-            for distance, row in zip(distances[q], rows[q], strict=True):
-                if row < 0 or filled >= k:
-                    break
-                members = self.members(row)[: k - filled]
-                out_rows[q, filled : filled + len(members)] = members
-                out_distances[q, filled : filled + len(members)] = distance
-                filled += len(members)
-        return out_distances, out_rows
-
-
 def build_family_index(
     family: str,
     mu: np.ndarray,
@@ -304,76 +267,3 @@ def _training_sample(
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(rows, size=min(wanted, len(rows)), replace=False))
     return family_vectors(family, mu, logvar, sample)
-
-
-class FamilyIndex:
-    """One family's FAISS index with its search parameters; searches in Gaussian terms."""
-
-    def __init__(
-        self,
-        family: str,
-        index: faiss.Index,
-        params: dict[str, Any],
-        search_params: dict[str, Any],
-        duplicates: DuplicateGroups | None = None,
-    ) -> None:
-        self.family = family
-        self.index = index
-        self.params = params
-        self.search_params = dict(search_params)
-        self.duplicates = duplicates
-        self._mips_radius2: float | None = params.get("mips_radius2")
-
-    def search(
-        self,
-        mu_q: np.ndarray,
-        logvar_q: np.ndarray | None,
-        k: int,
-        search_params: dict[str, Any] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded."""
-        distances, rows = self.search_index(mu_q, logvar_q, k, search_params)
-        if self.duplicates is None:
-            return distances, rows
-        return self.duplicates.expand(distances, rows, k)
-
-    def search_index(
-        self,
-        mu_q: np.ndarray,
-        logvar_q: np.ndarray | None,
-        k: int,
-        search_params: dict[str, Any] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Like search, but duplicate embeddings appear once, as their representative row."""
-        queries, const = query_vectors(self.family, mu_q, logvar_q)  # (Q, D'), (Q,)
-        if self._mips_radius2 is not None:
-            queries = np.concatenate([queries, np.zeros((len(queries), 1), np.float32)], axis=1)
-        faiss_params = make_search_parameters(self.index, search_params or self.search_params)
-        scores, rows = self.index.search(queries, k, params=faiss_params)  # (Q, k) each
-        if self._mips_radius2 is not None:
-            # ||q' - x'||^2 = |q|^2 + R^2 - 2 <q, x>  ->  <q, x>
-            q_norm2 = (queries.astype(np.float64) ** 2).sum(axis=1, keepdims=True)
-            scores = np.where(rows >= 0, 0.5 * (q_norm2 + self._mips_radius2 - scores), -np.inf)
-        distances = scores_to_distances(self.family, scores, const)
-        distances[rows < 0] = np.inf
-        return distances, rows.astype(np.int64)
-
-
-def make_search_parameters(
-    index: faiss.Index, search_params: dict[str, Any]
-) -> faiss.SearchParameters | None:
-    """Per-call faiss.SearchParameters for `index` (None for flat indexes).
-
-    IndexIDMap passes them through to its index; IndexPreTransform needs them wrapped.
-    """
-    params: faiss.SearchParameters | None = None
-    if "nprobe" in search_params:
-        params = faiss.SearchParametersIVF(nprobe=int(search_params["nprobe"]))
-    elif "efSearch" in search_params:
-        params = faiss.SearchParametersHNSW(efSearch=int(search_params["efSearch"]))
-    if params is not None and isinstance(index, faiss.IndexPreTransform):
-        wrapper = faiss.SearchParametersPreTransform()
-        wrapper.index_params = params
-        wrapper.referenced_objects = [params]  # keep the inner object alive with the wrapper
-        params = wrapper
-    return params
