@@ -16,6 +16,7 @@ from indexer.build import (
     ivf_nlist,
     plan_index,
 )
+from indexer.publish import verify_version
 from indexer.store import IndexVersion, open_version
 from models.gaussian import pairwise_distance
 from models.scoring.rerank import exact_rerank
@@ -114,6 +115,7 @@ def test_ivfsq_reranked_shortlist_reaches_recall_095_for_every_metric(
     """What the service returns from an IVF-SQ8 version: the exact re-rank of a 100 shortlist."""
     version = build(tmp_path_factory, gallery, NATIVE_METRICS, "ivfsq")
     assert version.manifest.index_type == "ivfsq"
+    verify_version(version.path)  # publishing's self-search accepts it
     assert isinstance(
         faiss.downcast_index(version._indexes["kl"].index), faiss.IndexIVFScalarQuantizer
     )
