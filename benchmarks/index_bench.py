@@ -1,12 +1,14 @@
-"""Index benchmark: build and query N synthetic Gaussians with each index type, per family.
+"""Index benchmark: build and query N synthetic Gaussians with each index type, per metric.
 
 Reports build time, index bytes per item, single-query latency and recall@10 against the
 exact top-10 (models.gaussian.pairwise_distance), both straight from the index and after an
 exact re-rank of a 100-item shortlist (what the service returns). Writes a markdown table with
-machine info and the exact command to benchmarks/results/index_bench.md.
+machine info, load average and the exact command to benchmarks/results/index_bench.md.
 
     .venv/bin/python benchmarks/index_bench.py                 # 1M x D=128 (the reference run)
     .venv/bin/python benchmarks/index_bench.py --n 100000      # quick run
+    .venv/bin/python benchmarks/index_bench.py --types auto --metrics w2,csd,kl,kl_reverse,js,\
+        mahalanobis,min_kl --memory-budget-gb 4               # what reindex picks under 4 GiB
 """
 
 from __future__ import annotations
@@ -27,13 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from indexer.build import (
-    FamilyIndex,
-    build_family_index,
-    default_memory_budget,
-    plan_index,
-)
+from indexer.build import IndexPlan, build_family_index, default_memory_budget, plan_index
+from indexer.read_index import FamilyIndex, to_device
 from indexer.tuning import tune_search_params
+from models.augmented import candidate_families
 from models.gaussian import elementwise_distance, pairwise_distance
 
 K = 10
@@ -42,7 +41,7 @@ SHORTLIST = 100
 
 @dataclass
 class Row:
-    family: str
+    metric: str
     index_type: str
     params: str
     build_s: float
@@ -100,13 +99,14 @@ def exact_top(metric: str, mu_q, logvar_q, mu, logvar, k: int) -> np.ndarray:
 
 def rerank(metric: str, mu_q, logvar_q, mu, logvar, rows: np.ndarray, k: int) -> np.ndarray:
     """Exact re-rank of each query's shortlist rows (Q, S) -> top-k rows (Q, k)."""
-    out = np.empty((len(rows), k), np.int64)
+    out = np.full((len(rows), k), -1, np.int64)
     for q, candidates in enumerate(rows):
-        candidates = candidates[candidates >= 0]
+        candidates = np.unique(candidates[candidates >= 0])
         g = (torch.from_numpy(mu[candidates]), torch.from_numpy(logvar[candidates]))
         rep = [torch.from_numpy(a[q : q + 1]).expand_as(g[0]) for a in (mu_q, logvar_q)]
         d = elementwise_distance(metric, *rep, *g).numpy()
-        out[q] = candidates[np.argsort(d)[:k]]
+        best = candidates[np.argsort(d, kind="stable")[:k]]
+        out[q, : len(best)] = best
     return out
 
 
@@ -116,33 +116,63 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
     )
 
 
-def bench_one(family, index_type, mu, logvar, mu_q, logvar_q, truth, seed) -> Row:
-    plan = plan_index(index_type, len(mu), mu.shape[1], (family,), default_memory_budget())
+@dataclass
+class Built:
+    """One family's built index with its build time and size."""
+
+    index: FamilyIndex
+    build_s: float
+    size: int
+    shown: dict
+
+
+def build_one(family: str, plan: IndexPlan, mu, logvar, seed: int) -> Built:
+    """Build and tune one family's index as reindex does (indexer.build, indexer.tuning)."""
     started = time.perf_counter()
     index, params = build_family_index(family, mu, logvar, plan, seed=seed)
     tuned, _ = tune_search_params(
         FamilyIndex(family, index, params, {}), mu, logvar, plan, seed=seed
     )
     build_s = time.perf_counter() - started
-    family_index = FamilyIndex(family, index, params, tuned)
     size = len(faiss.serialize_index(index))
-    latencies = []
-    for q in range(len(mu_q)):
-        t = time.perf_counter()
-        family_index.search(mu_q[q : q + 1], logvar_q[q : q + 1], K)
-        latencies.append((time.perf_counter() - t) * 1e3)
-    _, rows10 = family_index.search(mu_q, logvar_q, K)
-    _, rows100 = family_index.search(mu_q, logvar_q, SHORTLIST)
-    reranked = rerank(family, mu_q, logvar_q, mu, logvar, rows100, K)
     shown = {
         k: v for k, v in {**params, **tuned}.items() if k not in ("dim", "faiss_metric", "vectors")
     }
+    searched = to_device(index, "auto", family)  # a GPU when FAISS sees one, as the service
+    return Built(FamilyIndex(family, searched, params, tuned), build_s, size, shown)
+
+
+def shortlist(metric: str, built: list[Built], mu_q, logvar_q, mu, logvar, size: int):
+    """Rows (Q, size) as the service's shortlist gives them: one family's search, or (min_kl)
+    the union of each family's top `size`, ranked exactly (indexer.store.IndexVersion)."""
+    if len(built) == 1:
+        return built[0].index.search(mu_q, logvar_q, size)[1]
+    rows = np.concatenate([b.index.search(mu_q, logvar_q, size)[1] for b in built], axis=1)
+    return rerank(metric, mu_q, logvar_q, mu, logvar, rows, size)
+
+
+def bench_metric(metric, built: list[Built], type_label, mu, logvar, mu_q, logvar_q, truth) -> Row:
+    latencies = []
+    for q in range(len(mu_q)):
+        t = time.perf_counter()
+        shortlist(metric, built, mu_q[q : q + 1], logvar_q[q : q + 1], mu, logvar, K)
+        latencies.append((time.perf_counter() - t) * 1e3)
+    rows10 = shortlist(metric, built, mu_q, logvar_q, mu, logvar, K)
+    rows100 = shortlist(metric, built, mu_q, logvar_q, mu, logvar, SHORTLIST)
+    reranked = rerank(metric, mu_q, logvar_q, mu, logvar, rows100, K)
+    params = "; ".join(
+        (f"{b.index.family}: " if len(built) > 1 else "")
+        + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in b.shown.items()
+        )
+        for b in built
+    )
     return Row(
-        family,
-        index_type,
-        ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()),
-        build_s,
-        size / len(mu),
+        metric,
+        type_label,
+        params,
+        sum(b.build_s for b in built),
+        sum(b.size for b in built) / len(mu),
         float(np.percentile(latencies, 50)),
         float(np.percentile(latencies, 95)),
         recall(rows10, truth),
@@ -167,58 +197,107 @@ def machine_info() -> str:
     )
 
 
-def write_markdown(path: Path, rows: list[Row], args: argparse.Namespace, command: str) -> None:
-    lines = [
-        "# Index benchmark",
-        "",
-        f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}",
-        f"- command: `{command}`",
-        f"- machine: {machine_info()}",
-        f"- data: {args.n} synthetic Gaussians, D={args.dim}, {args.clusters} clusters; "
-        f"{args.queries} queries near random items; seed {args.seed}",
+def gpu_note() -> str:
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if gpus == 0:
+        return "no GPU was available: every build and search ran on the CPU"
+    return f"{gpus} GPU(s) seen by faiss; searched where read_index.to_device puts them"
+
+
+def write_markdown(path: Path, rows: list[Row], run: dict[str, str], append: bool) -> None:
+    """Write (or, with `append`, add below what `path` holds) one run's section and table."""
+    lines = [f"- {key}: {value}" for key, value in run.items() if key != "date"] + [
         "- build: train + add + tuning of nprobe/efSearch (target recall@10 0.98 on sampled"
-        " queries; IVF-PQ: exact top-10 inside its top-100)",
-        "- latency: one query per call, k=10, CPU, includes building the augmented query",
+        " queries; IVF-SQ and IVF-PQ: exact top-10 inside their top-100)",
+        "- latency: one query per call, k=10, includes building the augmented query"
+        " (min_kl: both families' searches and the exact ranking of their union)",
         "- recall@10 index: the index's top-10 vs exact;"
-        f" reranked: exact re-rank of its top-{SHORTLIST}",
+        f" reranked: exact re-rank of its top-{SHORTLIST} (min_kl: of each family's)",
         "",
-        "| family | index | params | build s | bytes/item | p50 ms | p95 ms | recall@10 index"
+        "| metric | index | params | build s | bytes/item | p50 ms | p95 ms | recall@10 index"
         " | recall@10 reranked |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {r.family} | {r.index_type} | {r.params} | {r.build_s:.1f} | {r.bytes_per_item:.0f} |"
+        f"| {r.metric} | {r.index_type} | {r.params} | {r.build_s:.1f} | {r.bytes_per_item:.0f} |"
         f" {r.p50_ms:.2f} | {r.p95_ms:.2f} | {r.recall_index:.3f} | {r.recall_reranked:.3f} |"
         for r in rows
     ]
+    head = "# Index benchmark\n\n"
+    if append and path.is_file():
+        kept = path.read_text(encoding="utf-8").split(RUN_MARK + run["date"])[0]
+        head = kept.rstrip("\n") + "\n\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    text = head + RUN_MARK + run["date"] + "\n\n" + "\n".join(lines) + "\n"
+    path.write_text(text, encoding="utf-8")
 
 
-def main() -> None:
+RUN_MARK = "## Run "
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--clusters", type=int, default=1000)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--types", default="flat,ivf,hnsw,ivfpq")
-    parser.add_argument("--families", default="w2,kl")
+    parser.add_argument(
+        "--types", default="flat,ivf,ivfsq,hnsw,ivfpq", help="index types; auto: as reindex picks"
+    )
+    parser.add_argument("--metrics", default="w2,kl", help="metrics with an index form")
+    parser.add_argument(
+        "--memory-budget-gb", type=float, default=None, help="auto's budget (default: half RAM)"
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--append", action="store_true", help="add this run below --out's runs")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "index_bench.md"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    metrics = args.metrics.split(",")
+    families = tuple(sorted({f for m in metrics for f in candidate_families(m)}))
+    budget = (
+        int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else default_memory_budget()
+    )
+    run = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": f"`{command}`",
+        "machine": machine_info(),
+        "load average at start (1/5/15 min)": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "GPU": gpu_note(),
+        "data": f"{args.n} synthetic Gaussians, D={args.dim}, {args.clusters} clusters;"
+        f" {args.queries} queries near random items; seed {args.seed}",
+        "index memory budget": f"{budget / 2**30:.1f} GiB for the families {', '.join(families)}",
+    }
     mu, logvar = clustered_gaussians(args.n, args.dim, args.seed, args.clusters)
     mu_q, logvar_q = queries_near(mu, logvar, args.queries, args.seed + 1)
+    truth = {m: exact_top(m, mu_q, logvar_q, mu, logvar, K) for m in metrics}
     rows = []
-    for family in args.families.split(","):
-        truth = exact_top(family, mu_q, logvar_q, mu, logvar, K)
-        for index_type in args.types.split(","):
-            row = bench_one(family, index_type, mu, logvar, mu_q, logvar_q, truth, args.seed)
+    for index_type in args.types.split(","):
+        plan = plan_index(
+            index_type, args.n, args.dim, families, budget
+        )  # all families: as reindex
+        label = f"auto: {plan.index_type}" if index_type == "auto" else index_type
+        built: dict[str, Built] = {}
+        for position, metric in enumerate(metrics):
+            needed = candidate_families(metric)
+            for family in needed:
+                if family not in built:
+                    built[family] = build_one(family, plan, mu, logvar, args.seed)
+            row = bench_metric(
+                metric, [built[f] for f in needed], label, mu, logvar, mu_q, logvar_q, truth[metric]
+            )
             print(row, flush=True)
             rows.append(row)
-            write_markdown(args.out, rows, args, command)
+            later = {f for m in metrics[position + 1 :] for f in candidate_families(m)}
+            built = {f: b for f, b in built.items() if f in later}  # free what no metric needs
+            run["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            write_markdown(args.out, rows, run, args.append)
     print(f"wrote {args.out}")
 
 

@@ -1,8 +1,8 @@
-"""FAISS indexes from metric-native augmented vectors: type choice, build, search-parameter tuning.
+"""FAISS indexes from metric-native augmented vectors: type choice and build (the write side).
 
 One index per family (models.augmented). Exact mu/logvar never live in FAISS: the indexes only
-produce shortlists. Search parameters (nprobe / efSearch) are stored per family and passed with
-every search call, never set on the shared index.
+produce shortlists. Searching them is indexer.read_index; tuning their search parameters is
+indexer.tuning.
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ from typing import Any
 import faiss
 import numpy as np
 
-from models.augmented import (
-    augmented_dim,
-    gallery_vectors,
-    index_form,
-    query_vectors,
-    scores_to_distances,
-)
+from indexer.read_index import DuplicateGroups
+from models.augmented import augmented_dim, gallery_vectors, index_form
 
-INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
+INDEX_TYPES = ("auto", "flat", "ivf", "ivfsq", "hnsw", "ivfpq")
+COMPRESSED_TYPES = ("ivfsq", "ivfpq")  # codes reorder close neighbours: tuned for a shortlist
+SQ_CODEC = "SQ8"  # one byte per dimension, per-dimension range: keeps L2 and inner products
 FLAT_MAX_ITEMS = 50_000  # below this, exact search is fast enough (< ~10 ms per query on CPU)
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
@@ -62,6 +59,8 @@ def bytes_per_item(index_type: str, dim: int) -> float:
         return 4.0 * dim
     if index_type == "ivf":
         return 4.0 * dim + 8
+    if index_type == "ivfsq":
+        return float(dim + 8)
     if index_type == "hnsw":
         return 4.0 * (dim + 1) + 2 * HNSW_M * 4 * 1.05  # level-0 links dominate
     if index_type == "ivfpq":
@@ -80,19 +79,18 @@ def plan_index(
     """Choose the index type ("auto") and its parameters for `count` items of dimension `dim`.
 
     auto: flat below FLAT_MAX_ITEMS items (exact); IVF-Flat while the full vectors of every
-    family fit the memory budget; IVF-PQ beyond. HNSW is available on request (lowest latency,
-    but ~270 B/item more and a slow build; inner-product families go through a MIPS->L2 map).
+    family fit the memory budget; IVF-SQ8 (a byte per dimension, 4x smaller) while its codes
+    fit; beyond, an IndexBuildError. auto never picks IVF-PQ: its codes lose the inner-product
+    families (at 1M items only ~40% of the exact KL top-10 survives in its top-100). HNSW and
+    IVF-PQ are available on request (HNSW: lowest latency, but ~270 B/item more and a slow
+    build; inner-product families go through a MIPS->L2 map).
     """
     if index_type not in INDEX_TYPES:
         raise IndexBuildError(f"unknown index type {index_type!r}; choose one of {INDEX_TYPES}")
     dims = {family: augmented_dim(family, dim) for family in families}
     if index_type == "auto":
-        flat_bytes = count * sum(bytes_per_item("ivf", d) for d in dims.values())
-        if count < FLAT_MAX_ITEMS:
-            index_type = "flat"
-        else:
-            index_type = "ivf" if flat_bytes <= memory_budget else "ivfpq"
-    minimum = {"ivf": 2 * 39, "ivfpq": 1024}.get(index_type, 1)  # k-means training points
+        index_type = _auto_type(count, dims, memory_budget)
+    minimum = {"ivf": 2 * 39, "ivfsq": 2 * 39, "ivfpq": 1024}.get(index_type, 1)  # k-means
     if count < minimum:
         raise IndexBuildError(
             f"{index_type} needs at least {minimum} items; got {count}: use --index-type flat"
@@ -100,8 +98,10 @@ def plan_index(
     params: dict[str, dict[str, Any]] = {}
     for family, d in dims.items():
         p: dict[str, Any] = {"dim": d, "faiss_metric": index_form(family).faiss_metric}
-        if index_type in ("ivf", "ivfpq"):
+        if index_type in ("ivf", "ivfsq", "ivfpq"):
             p["nlist"] = ivf_nlist(count)
+        if index_type == "ivfsq":
+            p["sq"] = SQ_CODEC
         if index_type == "ivfpq":
             p["pq_m"], p["pad_dim"] = pq_subquantizers(d)
         if index_type == "hnsw":
@@ -111,12 +111,30 @@ def plan_index(
     return IndexPlan(index_type, params)
 
 
+def _auto_type(count: int, dims: dict[str, int], memory_budget: int) -> str:
+    """flat, ivf or ivfsq: the most exact type whose vectors fit `memory_budget` bytes."""
+    if count < FLAT_MAX_ITEMS:
+        return "flat"
+    for index_type in ("ivf", "ivfsq"):
+        needed = count * sum(bytes_per_item(index_type, d) for d in dims.values())
+        if needed <= memory_budget:
+            return index_type
+    raise IndexBuildError(
+        f"{count} items of families {', '.join(dims)} need {needed / 2**30:.1f} GiB as IVF-SQ8"
+        f" codes, over the index memory budget of {memory_budget / 2**30:.1f} GiB: raise the"
+        " budget (--memory-budget-gb), serve fewer metrics, or ask for --index-type ivfpq"
+        " (compact, but it loses most of the exact top-10 of the inner-product families)"
+    )
+
+
 def _new_index(index_type: str, dim: int, params: dict[str, Any], metric: int) -> faiss.Index:
     """An empty (untrained) FAISS index of the plan's type for `dim`-dimensional vectors."""
     if index_type == "flat":
         return faiss.index_factory(dim, "Flat", metric)
     if index_type == "ivf":
         return faiss.index_factory(dim, f"IVF{params['nlist']},Flat", metric)
+    if index_type == "ivfsq":  # residuals to the list centroid: a narrower range per byte
+        return faiss.index_factory(dim, f"IVF{params['nlist']},{params['sq']}", metric)
     if index_type == "hnsw":
         index = faiss.index_factory(dim, f"HNSW{params['hnsw_m']},Flat", metric)
         faiss.downcast_index(index).hnsw.efConstruction = params["ef_construction"]
@@ -192,38 +210,6 @@ def _row_bytes(mu: np.ndarray, logvar: np.ndarray, rows) -> np.ndarray:
     return np.ascontiguousarray(both).view(np.uint8).reshape(len(both), -1).view(np.uint32)
 
 
-class DuplicateGroups:
-    """Rows sharing one embedding; the index holds each group once, under its first row."""
-
-    def __init__(self, representatives: np.ndarray) -> None:
-        self.representatives = np.asarray(representatives, np.int64)  # (N,)
-        self._order = np.argsort(self.representatives, kind="stable")  # (N,) grouped rows
-        self._sorted = self.representatives[self._order]
-        self.unique_rows = np.flatnonzero(self.representatives == np.arange(len(representatives)))
-
-    def members(self, representative: int) -> np.ndarray:
-        """All rows of a group, in row order (the representative first)."""
-        lo, hi = np.searchsorted(self._sorted, [representative, representative + 1])
-        return self._order[lo:hi]
-
-    def expand(
-        self, distances: np.ndarray, rows: np.ndarray, k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Replace each representative (Q, k') by its group's rows, keeping the first k."""
-        out_distances = np.full((len(rows), k), np.inf, np.float32)
-        out_rows = np.full((len(rows), k), -1, np.int64)
-        for q in range(len(rows)):
-            filled = 0
-            for distance, row in zip(distances[q], rows[q], strict=True):
-                if row < 0 or filled >= k:
-                    break
-                members = self.members(row)[: k - filled]
-                out_rows[q, filled : filled + len(members)] = members
-                out_distances[q, filled : filled + len(members)] = distance
-                filled += len(members)
-        return out_distances, out_rows
-
-
 def build_family_index(
     family: str,
     mu: np.ndarray,
@@ -281,76 +267,3 @@ def _training_sample(
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(rows, size=min(wanted, len(rows)), replace=False))
     return family_vectors(family, mu, logvar, sample)
-
-
-class FamilyIndex:
-    """One family's FAISS index with its search parameters; searches in Gaussian terms."""
-
-    def __init__(
-        self,
-        family: str,
-        index: faiss.Index,
-        params: dict[str, Any],
-        search_params: dict[str, Any],
-        duplicates: DuplicateGroups | None = None,
-    ) -> None:
-        self.family = family
-        self.index = index
-        self.params = params
-        self.search_params = dict(search_params)
-        self.duplicates = duplicates
-        self._mips_radius2: float | None = params.get("mips_radius2")
-
-    def search(
-        self,
-        mu_q: np.ndarray,
-        logvar_q: np.ndarray | None,
-        k: int,
-        search_params: dict[str, Any] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded."""
-        distances, rows = self.search_index(mu_q, logvar_q, k, search_params)
-        if self.duplicates is None:
-            return distances, rows
-        return self.duplicates.expand(distances, rows, k)
-
-    def search_index(
-        self,
-        mu_q: np.ndarray,
-        logvar_q: np.ndarray | None,
-        k: int,
-        search_params: dict[str, Any] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Like search, but duplicate embeddings appear once, as their representative row."""
-        queries, const = query_vectors(self.family, mu_q, logvar_q)  # (Q, D'), (Q,)
-        if self._mips_radius2 is not None:
-            queries = np.concatenate([queries, np.zeros((len(queries), 1), np.float32)], axis=1)
-        faiss_params = make_search_parameters(self.index, search_params or self.search_params)
-        scores, rows = self.index.search(queries, k, params=faiss_params)  # (Q, k) each
-        if self._mips_radius2 is not None:
-            # ||q' - x'||^2 = |q|^2 + R^2 - 2 <q, x>  ->  <q, x>
-            q_norm2 = (queries.astype(np.float64) ** 2).sum(axis=1, keepdims=True)
-            scores = np.where(rows >= 0, 0.5 * (q_norm2 + self._mips_radius2 - scores), -np.inf)
-        distances = scores_to_distances(self.family, scores, const)
-        distances[rows < 0] = np.inf
-        return distances, rows.astype(np.int64)
-
-
-def make_search_parameters(
-    index: faiss.Index, search_params: dict[str, Any]
-) -> faiss.SearchParameters | None:
-    """Per-call faiss.SearchParameters for `index` (None for flat indexes).
-
-    IndexIDMap passes them through to its index; IndexPreTransform needs them wrapped.
-    """
-    params: faiss.SearchParameters | None = None
-    if "nprobe" in search_params:
-        params = faiss.SearchParametersIVF(nprobe=int(search_params["nprobe"]))
-    elif "efSearch" in search_params:
-        params = faiss.SearchParametersHNSW(efSearch=int(search_params["efSearch"]))
-    if params is not None and isinstance(index, faiss.IndexPreTransform):
-        wrapper = faiss.SearchParametersPreTransform()
-        wrapper.index_params = params
-        wrapper.referenced_objects = [params]  # keep the inner object alive with the wrapper
-        params = wrapper
-    return params

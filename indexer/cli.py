@@ -68,7 +68,7 @@ def reindex(
     model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
     index_root: RootOpt = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated metrics to serve.")] = "w2",
-    index_type: Annotated[str, typer.Option(help="auto|flat|ivf|hnsw|ivfpq")] = "auto",
+    index_type: Annotated[str, typer.Option(help="auto|flat|ivf|ivfsq|hnsw|ivfpq")] = "auto",
     dtype: Annotated[str, typer.Option(help="float32|float16 for mu.npy/logvar.npy.")] = "float32",
     batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = 64,
     chunk_items: Annotated[int, typer.Option(min=1, help="Items per resumable chunk.")] = 4096,

@@ -19,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from indexer.build import INDEX_TYPES, IndexBuildError, default_memory_budget, plan_index
+from indexer.build import (
+    COMPRESSED_TYPES,
+    INDEX_TYPES,
+    IndexBuildError,
+    default_memory_budget,
+    plan_index,
+)
 from indexer.calibration_inheritance import (
     InheritedCalibration,
     active_manifest,
@@ -269,7 +275,7 @@ def verify_version(version_dir: Path, samples: int = SANITY_SAMPLES, seed: int =
 
     Self-search runs in every family whose distance is 0 exactly at the item itself (all but
     csd). An exact duplicate embedding found in its place counts as found. Exact (flat) indexes
-    must pass for every sample, approximate ones for 90% (PQ codes: within the top 10).
+    must pass for every sample, approximate ones for 90% (SQ/PQ codes: within the top 10).
     """
     manifest = read_manifest(version_dir)
     try:
@@ -282,7 +288,7 @@ def verify_version(version_dir: Path, samples: int = SANITY_SAMPLES, seed: int =
         rows = np.sort(rng.choice(manifest.count, min(samples, manifest.count), replace=False))
         mu_q = np.asarray(version.mu[rows], np.float32)  # (S, D)
         logvar_q = np.asarray(version.logvar[rows], np.float32)
-        depth = 10 if manifest.index_type == "ivfpq" else 1
+        depth = 10 if manifest.index_type in COMPRESSED_TYPES else 1
         needed = 1.0 if manifest.index_type == "flat" else 0.9
         for family in (f for f in manifest.families if f != "csd"):
             _, found = version.shortlist(family, mu_q, logvar_q, depth)  # (S, depth)

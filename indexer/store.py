@@ -15,13 +15,7 @@ import faiss
 import numpy as np
 import torch
 
-from indexer.build import (
-    DuplicateGroups,
-    FamilyIndex,
-    IndexPlan,
-    build_family_index,
-    duplicate_representatives,
-)
+from indexer.build import IndexPlan, build_family_index, duplicate_representatives
 from indexer.manifest import (
     Calibration,
     Manifest,
@@ -31,6 +25,7 @@ from indexer.manifest import (
     write_manifest,
 )
 from indexer.multivector import EMBEDDINGS_FILE, open_multivector
+from indexer.read_index import DuplicateGroups, FamilyIndex, to_device
 from indexer.tuning import tune_search_params
 from models.augmented import INDEX_FAMILIES, candidate_families
 from models.gaussian import METRICS
@@ -268,21 +263,7 @@ def _load_index(path: Path, device: str) -> faiss.Index:
     """Read a FAISS index; copy it to all GPUs when asked or when "auto" finds any."""
     if not path.is_file():
         raise ManifestError(f"index file {path} is missing")
-    index = faiss.read_index(str(path))
-    num_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    want_gpu = device == "cuda" or (device == "auto" and num_gpus > 0)
-    if not want_gpu:
-        return index
-    if num_gpus == 0:
-        raise ValueError("device='cuda' asked for, but this FAISS build sees no GPU")
-    if isinstance(index, faiss.IndexHNSW):
-        log.info("%s: HNSW has no GPU implementation; searching it on CPU", path.name)
-        return index
-    try:
-        return faiss.index_cpu_to_all_gpus(index)
-    except RuntimeError as e:  # e.g. a pre-transform or PQ size the GPU code does not take
-        log.warning("%s stays on CPU: FAISS could not copy it to the GPU (%s)", path.name, e)
-        return index
+    return to_device(faiss.read_index(str(path)), device, path.name)
 
 
 class _MetadataReader:

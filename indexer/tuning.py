@@ -13,12 +13,13 @@ import faiss
 import numpy as np
 from faiss.contrib.exhaustive_search import knn_ground_truth
 
-from indexer.build import FamilyIndex, IndexPlan, family_vectors, row_batches
+from indexer.build import COMPRESSED_TYPES, IndexPlan, family_vectors, row_batches
+from indexer.read_index import FamilyIndex
 from models.augmented import index_form, query_vectors
 
 TARGET_RECALL = 0.98  # recall@10 that tuning aims for on sampled queries
 TUNING_QUERIES = 200
-PQ_SHORTLIST = 100  # IVF-PQ is tuned for the exact top-10 inside its top-100
+CODES_SHORTLIST = 100  # IVF-SQ / IVF-PQ: tuned for the exact top-10 inside their top-100
 
 
 def tuning_queries(
@@ -74,9 +75,10 @@ def tune_search_params(
 ) -> tuple[dict[str, Any], float]:
     """The cheapest nprobe / efSearch reaching `target` recall@k on sampled queries.
 
-    For IVF-PQ, whose codes reorder close neighbours, recall counts the exact top-k found in
-    the index's top PQ_SHORTLIST (the service re-ranks a shortlist exactly), and tuning stops
-    when recall no longer improves. Returns the parameters and the recall they reached.
+    For the compressed types (IVF-SQ, IVF-PQ), whose codes reorder close neighbours, recall
+    counts the exact top-k found in the index's top CODES_SHORTLIST (the service re-ranks a
+    shortlist of max(10 k, 100) exactly), and tuning stops when recall no longer improves.
+    Returns the parameters and the recall they reached.
     """
     if plan.index_type == "flat":
         return {}, 1.0
@@ -90,14 +92,14 @@ def tune_search_params(
         key = "nprobe"
         nlist = family_index.params["nlist"]
         candidates = [2**i for i in range(int(math.log2(nlist)) + 1)] + [nlist]
-    is_pq = "pq_m" in family_index.params
-    found_k = PQ_SHORTLIST if is_pq else k
+    compressed = plan.index_type in COMPRESSED_TYPES
+    found_k = CODES_SHORTLIST if compressed else k
     best_value, best_recall = candidates[0], -1.0
     for value in candidates:
         _, found = family_index.search_index(mu_q, logvar_q, found_k, {key: value})
         recall = recall_at_k(found, truth)
-        if recall < best_recall + 0.002 and best_recall >= 0.5 and is_pq:
-            break  # plateau: more probes buy nothing against the PQ error
+        if recall < best_recall + 0.002 and best_recall >= 0.5 and compressed:
+            break  # plateau: more probes buy nothing against the coding error
         if recall > best_recall:
             best_value, best_recall = value, recall
         if recall >= target:

@@ -1,0 +1,143 @@
+"""Query-time index classes (the read side): a family's FAISS index searched in Gaussian terms.
+
+Search parameters (nprobe / efSearch) are stored per family and passed with every search call,
+never set on the shared index. Duplicate embeddings are indexed once and expanded here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faiss
+import numpy as np
+
+from models.augmented import query_vectors, scores_to_distances
+
+log = logging.getLogger(__name__)
+
+
+class DuplicateGroups:
+    """Rows sharing one embedding; the index holds each group once, under its first row."""
+
+    def __init__(self, representatives: np.ndarray) -> None:
+        self.representatives = np.asarray(representatives, np.int64)  # (N,)
+        self._order = np.argsort(self.representatives, kind="stable")  # (N,) grouped rows
+        self._sorted = self.representatives[self._order]
+        self.unique_rows = np.flatnonzero(self.representatives == np.arange(len(representatives)))
+
+    def members(self, representative: int) -> np.ndarray:
+        """All rows of a group, in row order (the representative first)."""
+        lo, hi = np.searchsorted(self._sorted, [representative, representative + 1])
+        return self._order[lo:hi]
+
+    def expand(
+        self, distances: np.ndarray, rows: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Replace each representative (Q, k') by its group's rows, keeping the first k."""
+        out_distances = np.full((len(rows), k), np.inf, np.float32)
+        out_rows = np.full((len(rows), k), -1, np.int64)
+        for q in range(len(rows)):
+            filled = 0
+            for distance, row in zip(distances[q], rows[q], strict=True):
+                if row < 0 or filled >= k:
+                    break
+                members = self.members(row)[: k - filled]
+                out_rows[q, filled : filled + len(members)] = members
+                out_distances[q, filled : filled + len(members)] = distance
+                filled += len(members)
+        return out_distances, out_rows
+
+
+class FamilyIndex:
+    """One family's FAISS index with its search parameters; searches in Gaussian terms."""
+
+    def __init__(
+        self,
+        family: str,
+        index: faiss.Index,
+        params: dict[str, Any],
+        search_params: dict[str, Any],
+        duplicates: DuplicateGroups | None = None,
+    ) -> None:
+        self.family = family
+        self.index = index
+        self.params = params
+        self.search_params = dict(search_params)
+        self.duplicates = duplicates
+        self._mips_radius2: float | None = params.get("mips_radius2")
+
+    def search(
+        self,
+        mu_q: np.ndarray,
+        logvar_q: np.ndarray | None,
+        k: int,
+        search_params: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded."""
+        distances, rows = self.search_index(mu_q, logvar_q, k, search_params)
+        if self.duplicates is None:
+            return distances, rows
+        return self.duplicates.expand(distances, rows, k)
+
+    def search_index(
+        self,
+        mu_q: np.ndarray,
+        logvar_q: np.ndarray | None,
+        k: int,
+        search_params: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Like search, but duplicate embeddings appear once, as their representative row."""
+        queries, const = query_vectors(self.family, mu_q, logvar_q)  # (Q, D'), (Q,)
+        if self._mips_radius2 is not None:
+            queries = np.concatenate([queries, np.zeros((len(queries), 1), np.float32)], axis=1)
+        faiss_params = make_search_parameters(self.index, search_params or self.search_params)
+        scores, rows = self.index.search(queries, k, params=faiss_params)  # (Q, k) each
+        if self._mips_radius2 is not None:
+            # ||q' - x'||^2 = |q|^2 + R^2 - 2 <q, x>  ->  <q, x>
+            q_norm2 = (queries.astype(np.float64) ** 2).sum(axis=1, keepdims=True)
+            scores = np.where(rows >= 0, 0.5 * (q_norm2 + self._mips_radius2 - scores), -np.inf)
+        distances = scores_to_distances(self.family, scores, const)
+        distances[rows < 0] = np.inf
+        return distances, rows.astype(np.int64)
+
+
+def make_search_parameters(
+    index: faiss.Index, search_params: dict[str, Any]
+) -> faiss.SearchParameters | None:
+    """Per-call faiss.SearchParameters for `index` (None for flat indexes).
+
+    IndexIDMap passes them through to its index; IndexPreTransform needs them wrapped.
+    """
+    params: faiss.SearchParameters | None = None
+    if "nprobe" in search_params:
+        params = faiss.SearchParametersIVF(nprobe=int(search_params["nprobe"]))
+    elif "efSearch" in search_params:
+        params = faiss.SearchParametersHNSW(efSearch=int(search_params["efSearch"]))
+    if params is not None and isinstance(index, faiss.IndexPreTransform):
+        wrapper = faiss.SearchParametersPreTransform()
+        wrapper.index_params = params
+        wrapper.referenced_objects = [params]  # keep the inner object alive with the wrapper
+        params = wrapper
+    return params
+
+
+def to_device(index: faiss.Index, device: str, name: str = "index") -> faiss.Index:
+    """`index` copied to all GPUs when `device` is "cuda", or "auto" and FAISS sees a GPU.
+
+    HNSW (no GPU implementation) and indexes FAISS cannot copy stay on the CPU, with a log line.
+    """
+    num_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    want_gpu = device == "cuda" or (device == "auto" and num_gpus > 0)
+    if not want_gpu:
+        return index
+    if num_gpus == 0:
+        raise ValueError("device='cuda' asked for, but this FAISS build sees no GPU")
+    if isinstance(index, faiss.IndexHNSW):
+        log.info("%s: HNSW has no GPU implementation; searching it on CPU", name)
+        return index
+    try:
+        return faiss.index_cpu_to_all_gpus(index)
+    except RuntimeError as e:  # e.g. a pre-transform or PQ size the GPU code does not take
+        log.warning("%s stays on CPU: FAISS could not copy it to the GPU (%s)", name, e)
+        return index
