@@ -357,3 +357,17 @@ def _point_alias(client: Any, alias: str, name: str) -> None:
         client.create_alias(name, alias)
         return
     client.alter_alias(name, alias)
+
+
+def write_version_dir(backend: MilvusBackend, version_dir: Path) -> list[str]:
+    """Write the collections of a complete version dir (reindex, before it is published)."""
+    from indexer.manifest import read_manifest
+    from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, MU_NAME
+
+    manifest = read_manifest(version_dir)
+    mu = np.load(version_dir / MU_NAME, mmap_mode="r")  # (N, D)
+    logvar = np.load(version_dir / LOGVAR_NAME, mmap_mode="r")
+    duplicates = None
+    if (version_dir / DUPLICATES_NAME).is_file():
+        duplicates = DuplicateGroups(np.load(version_dir / DUPLICATES_NAME))
+    return backend.write_version(manifest, mu, logvar, duplicates)
