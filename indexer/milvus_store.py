@@ -181,17 +181,7 @@ class MilvusFamilyIndex:
         """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded."""
         queries, const = query_vectors(self.family, mu_q, logvar_q)  # (Q, D'), (Q,)
         limit = min(k, MAX_TOP_K, max(self._count, 1))
-        hits = self.connection.call(
-            lambda client: client.search(
-                self.name,
-                data=list(queries),
-                limit=limit,
-                anns_field=VECTOR_FIELD,
-                search_params={"metric_type": self._metric, "params": self._params},
-                output_fields=[ROW_FIELD],
-                timeout=self.connection.timeout_s,
-            )
-        )
+        hits = self.connection.call(lambda client: self._search(client, queries, limit))
         scores = np.full((len(queries), k), np.nan, np.float64)  # (Q, k)
         rows = np.full((len(queries), k), -1, np.int64)
         for q, query_hits in enumerate(hits):
@@ -202,6 +192,34 @@ class MilvusFamilyIndex:
         if self.duplicates is None:
             return distances, rows
         return self.duplicates.expand(distances, rows, k)
+
+    def _search(self, client: Any, queries: np.ndarray, limit: int) -> Any:
+        """client.search; a collection released by a restarted server is loaded again."""
+
+        def search() -> Any:
+            return client.search(
+                self.name,
+                data=list(queries),
+                limit=limit,
+                anns_field=VECTOR_FIELD,
+                search_params={"metric_type": self._metric, "params": self._params},
+                output_fields=[ROW_FIELD],
+                timeout=self.connection.timeout_s,
+            )
+
+        try:
+            return search()
+        except Exception as e:
+            if not _is_not_loaded(e):
+                raise
+        log.warning("Milvus collection %s was released; loading it again", self.name)
+        client.load_collection(self.name, timeout=self.connection.timeout_s)
+        return search()
+
+
+def _is_not_loaded(error: Exception) -> bool:
+    message = str(error).lower()
+    return getattr(error, "code", None) == 101 or "not loaded" in message or "released" in message
 
 
 class MilvusBackend:

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from indexer.build import DuplicateGroups, FamilyIndex
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # faiss stays unimported until a FAISS backend opens a version
+    from indexer.build import DuplicateGroups
     from indexer.manifest import Manifest
 
 SHORTLIST_BACKENDS = ("faiss", "milvus")
@@ -69,6 +68,7 @@ class FaissBackend:
     def open_families(
         self, path: Path, manifest: Manifest, duplicates: DuplicateGroups | None
     ) -> dict[str, FamilySearcher]:
+        from indexer.build import FamilyIndex
         from indexer.store import _load_index, index_file_name  # store imports this module
 
         return {
