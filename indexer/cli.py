@@ -116,6 +116,8 @@ def reindex(
         device=device,
         engine=engine,
         ray=RayOptions(ray_address, ray_workers, ray_threads),
+        shortlist_backend=settings.shortlist_backend,
+        milvus_uri=settings.milvus_uri,
     )
     _setup_logging()
     started = time.perf_counter()
@@ -140,7 +142,11 @@ def _registry(index_root: Path | None, redis_url: str | None):
 
     settings = ProbsearchSettings()
     root = _resolve(index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT")
-    return ActiveRegistry(root, redis_url if redis_url is not None else settings.redis_url)
+    redis_url = redis_url if redis_url is not None else settings.redis_url
+    from indexer.publish import milvus_backend
+
+    aliases = _run(lambda: milvus_backend(settings.shortlist_backend, settings.milvus_uri))
+    return ActiveRegistry(root, redis_url, aliases=aliases)
 
 
 @index_app.command("list")

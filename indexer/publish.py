@@ -40,10 +40,12 @@ from indexer.manifest import (
     verify_checksums,
     write_manifest,
 )
+from indexer.milvus_store import MilvusBackend, write_version_dir
 from indexer.multivector import write_multivector
 from indexer.ray_engine import RayOptions
 from indexer.registry import ActiveRegistry
 from indexer.report import build_report, check_bad_fraction, write_report
+from indexer.shortlist_backends import make_backend
 from indexer.sources import GallerySource, open_source
 from indexer.store import (
     REPORT_NAME,
@@ -90,6 +92,8 @@ class ReindexJob:
     seed: int = 0
     engine: str = "local"  # "local" (this process) or "ray" (indexer.ray_engine)
     ray: RayOptions = field(default_factory=RayOptions)
+    shortlist_backend: str = "faiss"  # "milvus": also write each family into a collection
+    milvus_uri: str | None = None
 
     def validate(self) -> None:
         """Refuse bad settings before any work is done (ValueError with the fix)."""
@@ -147,7 +151,8 @@ def new_version_name(key: str) -> str:
 def run_reindex(job: ReindexJob) -> PublishResult:
     """Embed the gallery, build and verify a version, publish it, optionally activate it."""
     job.validate()
-    registry = ActiveRegistry(job.index_root, job.redis_url)
+    milvus = milvus_backend(job.shortlist_backend, job.milvus_uri)
+    registry = ActiveRegistry(job.index_root, job.redis_url, aliases=milvus)
     modality_dir = registry.modality_dir(job.modality)
     source = open_source(job.source, job.modality, job.split, job.image_root)
     model_name, model_hash = model_fingerprint(job.model_dir, job.modality)
@@ -172,11 +177,26 @@ def run_reindex(job: ReindexJob) -> PublishResult:
             active_manifest(registry, job.modality), model_name, model_hash, version_metrics(job)
         )
         build_version(tmp_dir, job, summary, version, report, info, inherited)
-        path = publish_version(tmp_dir, registry, job.modality, version, job.activate)
+        collections = write_version_dir(milvus, tmp_dir) if milvus is not None else []
+        try:
+            path = publish_version(tmp_dir, registry, job.modality, version, job.activate)
+        except BaseException:
+            if tmp_dir.exists() and milvus is not None:  # not published: no orphan collections
+                milvus.drop(collections)
+            raise
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)  # gone after the rename; cleanup on failure
     shutil.rmtree(work_dir, ignore_errors=True)
     return PublishResult(version, path, job.activate, report, summary.reused_chunks, inherited.note)
+
+
+def milvus_backend(name: str, uri: str | None) -> MilvusBackend | None:
+    """The Milvus backend when the shortlist backend is "milvus" (None for "faiss")."""
+    if name == "faiss":
+        return None
+    backend = make_backend(name, uri)
+    assert isinstance(backend, MilvusBackend)
+    return backend
 
 
 def embed_source(job: ReindexJob, source: GallerySource, work_dir: Path) -> EmbedSummary:

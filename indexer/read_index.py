@@ -67,6 +67,11 @@ class FamilyIndex:
         self.duplicates = duplicates
         self._mips_radius2: float | None = params.get("mips_radius2")
 
+    @property
+    def count(self) -> int:
+        """Vectors in the index (duplicate embeddings count once)."""
+        return int(self.index.ntotal)
+
     def search(
         self,
         mu_q: np.ndarray,

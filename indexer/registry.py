@@ -13,14 +13,15 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from indexer.manifest import MANIFEST_NAME
+from indexer.manifest import MANIFEST_NAME, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,28 @@ class PublishLockedError(RegistryError):
     """Another job is publishing the same modality right now."""
 
 
-class ActiveRegistry:
-    """Reads and sets the active version of each modality under one index root."""
+class VersionAliases(Protocol):
+    """Names kept outside the index root that follow activation (Milvus collection aliases)."""
 
-    def __init__(self, index_root: Path, redis_url: str | None) -> None:
+    def activate(self, modality: str, version: str, families: Sequence[str]) -> None: ...
+
+    def drop_version(self, modality: str, version: str, families: Sequence[str]) -> None: ...
+
+
+class ActiveRegistry:
+    """Reads and sets the active version of each modality under one index root.
+
+    With `aliases` (the Milvus shortlist backend), activation first moves them to the
+    version's collections, so a failure there leaves the active version unchanged, and gc
+    drops the collections of the versions it deletes.
+    """
+
+    def __init__(
+        self, index_root: Path, redis_url: str | None, aliases: VersionAliases | None = None
+    ) -> None:
         self.index_root = Path(index_root)
         self.redis_url = redis_url
+        self.aliases = aliases
         self._client: redis.Redis | None = None
         if redis_url:
             # One try, no backoff: a down Redis must fall back to the pointer file at once.
@@ -118,6 +135,8 @@ class ActiveRegistry:
                 f"no complete {modality} version {version!r} under {self.index_root}"
                 f" (known: {known})"
             )
+        if self.aliases is not None:
+            self.aliases.activate(modality, version, read_manifest(path).families)
         _write_atomically(self.modality_dir(modality) / ACTIVE_NAME, version + "\n")
         if self._client is None:
             log.warning("no Redis configured: %s is active through the ACTIVE file only", version)
@@ -155,7 +174,10 @@ class ActiveRegistry:
         versions = self.versions(modality)
         doomed = [v for v in versions[: max(len(versions) - keep, 0)] if v != active]
         for version in doomed:
-            shutil.rmtree(self.version_path(modality, version))
+            path = self.version_path(modality, version)
+            if self.aliases is not None:
+                self.aliases.drop_version(modality, version, read_manifest(path).families)
+            shutil.rmtree(path)
         return doomed
 
     # ---- the publish lock -------------------------------------------------------------------

@@ -26,6 +26,7 @@ from indexer.manifest import (
 )
 from indexer.multivector import EMBEDDINGS_FILE, open_multivector
 from indexer.read_index import DuplicateGroups, FamilyIndex, to_device
+from indexer.shortlist_backends import FaissBackend, ShortlistBackend
 from indexer.tuning import tune_search_params
 from models.augmented import INDEX_FAMILIES, candidate_families
 from models.gaussian import METRICS
@@ -140,7 +141,9 @@ def update_calibration(path: Path, calibration: dict[str, Calibration]) -> Manif
 class IndexVersion:
     """An opened version dir: manifest, memory-mapped arrays, FAISS indexes, metadata."""
 
-    def __init__(self, path: Path, device: str = "auto") -> None:
+    def __init__(
+        self, path: Path, device: str = "auto", backend: ShortlistBackend | None = None
+    ) -> None:
         self.path = Path(path)
         self.manifest: Manifest = read_manifest(self.path)
         self.mu: np.ndarray = np.load(self.path / MU_NAME, mmap_mode="r")  # (N, D)
@@ -148,16 +151,9 @@ class IndexVersion:
         self._duplicates = None
         if (self.path / DUPLICATES_NAME).is_file():
             self._duplicates = DuplicateGroups(np.load(self.path / DUPLICATES_NAME))
-        self._indexes = {
-            family: FamilyIndex(
-                family,
-                _load_index(self.path / index_file_name(family), device),
-                self.manifest.index_params.get(family, {}),
-                self.manifest.search_params.get(family, {}),
-                self._duplicates,
-            )
-            for family in self.manifest.families
-        }
+        # the shortlist of each family: local FAISS files, or Milvus (indexer.shortlist_backends)
+        self.backend: ShortlistBackend = backend or FaissBackend(device)
+        self._indexes = self.backend.open_families(self.path, self.manifest, self._duplicates)
         self._metadata = _MetadataReader(self.path / METADATA_NAME)
         # pvse versions: K vectors per row for the exact best-pair search (indexer.multivector)
         self.multivector = open_multivector(self.path)
@@ -174,9 +170,9 @@ class IndexVersion:
             problems.append(f"{DUPLICATES_NAME} has {len(self._duplicates.representatives)} rows")
         indexed = count if self._duplicates is None else len(self._duplicates.unique_rows)
         problems += [
-            f"{index_file_name(f)} has {i.index.ntotal} vectors, expected {indexed}"
+            f"the {f} shortlist has {i.count} vectors, expected {indexed}"
             for f, i in self._indexes.items()
-            if i.index.ntotal != indexed
+            if i.count != indexed
         ]
         if self._metadata.count != count:
             problems.append(f"{METADATA_NAME} has {self._metadata.count} rows")
@@ -251,12 +247,20 @@ class IndexVersion:
         del self.mu, self.logvar
 
 
-def open_version(path: Path, device: str = "auto", verify: bool = False) -> IndexVersion:
-    """Open a version dir for searching; `verify` also checks every file's sha256 (slow)."""
+def open_version(
+    path: Path,
+    device: str = "auto",
+    verify: bool = False,
+    backend: ShortlistBackend | None = None,
+) -> IndexVersion:
+    """Open a version dir for searching; `verify` also checks every file's sha256 (slow).
+
+    `backend` serves the shortlist (default: the version's FAISS files on `device`).
+    """
     path = Path(path)
     if verify:
         verify_checksums(path, read_manifest(path))
-    return IndexVersion(path, device)
+    return IndexVersion(path, device, backend)
 
 
 def _load_index(path: Path, device: str) -> faiss.Index:

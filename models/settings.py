@@ -25,3 +25,10 @@ class ProbsearchSettings(BaseSettings):
     # PROBSEARCH_THREADS: torch threads of the offline commands; None: the CPUs this process
     # may use (models.threads)
     threads: int | None = Field(None, ge=1)
+    # PROBSEARCH_SHORTLIST_BACKEND: where the augmented vectors are searched: "faiss" (the
+    # version dir's index files) or "milvus" (collections at PROBSEARCH_MILVUS_URI, written by
+    # reindex); mu/logvar for the exact re-rank stay in the version dir either way.
+    shortlist_backend: Literal["faiss", "milvus"] = "faiss"
+    # PROBSEARCH_MILVUS_URI: a Milvus Lite file (one machine, tests), e.g. /data/milvus.db, or
+    # a server/cluster URI, e.g. http://milvus:19530
+    milvus_uri: str | None = None

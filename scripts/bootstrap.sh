@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs probsearch with the CPU extra, the dev tools and Ray
-# (tests/indexer/test_ray_engine.py runs `reindex --engine ray` on a local Ray), plus
+# Creates .venv (if missing) and installs probsearch with the CPU extra, the dev tools, Ray
+# (tests/indexer/test_ray_engine.py runs `reindex --engine ray` on a local Ray) and Milvus Lite
+# (the Milvus shortlist backend's tests run against a local Milvus Lite file), plus
 # the Debian packages the tests need when the machine lacks them: redis-server (the tests start
 # Redis servers of their own) and chromium with chromium-driver (the search page's browser test).
 set -euo pipefail
@@ -11,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[cpu,dev,ray]'
+.venv/bin/python -m pip install --quiet -e '.[cpu,dev,ray,milvus-lite]'
 
 apt_updated=""
 apt_install() {

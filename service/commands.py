@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from indexer.shortlist_backends import make_backend
 from service.settings import Settings
 
 app = typer.Typer(no_args_is_help=True)
@@ -59,6 +60,7 @@ def serve(
     try:
         settings = _settings_with(overrides)
         _check_paths(settings)
+        make_backend(settings.shortlist_backend, settings.milvus_uri)  # pymilvus, URI set
     except (ValidationError, ValueError, OSError) as error:
         typer.echo(f"error: {_one_line(error)}", err=True)
         raise typer.Exit(2) from None

@@ -1,5 +1,6 @@
 """Domain errors of the query service and the one table that maps them to HTTP status codes."""
 
+from indexer.shortlist_backends import ShortlistUnavailableError
 from models.preprocess import ImageTooLargeError, InvalidImageError
 
 
@@ -53,6 +54,7 @@ STATUS_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (ItemNotFoundError, 404, "not_found"),
     (IndexUnavailableError, 503, "index_unavailable"),
     (OverloadedError, 503, "overloaded"),
+    (ShortlistUnavailableError, 503, "shortlist_unavailable"),  # Milvus unreachable
     (AuthenticationError, 401, "unauthorized"),
     (TooManyFailedAttemptsError, 429, "too_many_failed_attempts"),
 )

@@ -19,6 +19,7 @@ import redis
 
 from indexer.calibration_inheritance import uncalibrated_metrics
 from indexer.registry import EVENTS_CHANNEL, ActiveRegistry
+from indexer.shortlist_backends import ShortlistBackend
 from indexer.store import IndexVersion, open_version
 from service.cache import REDIS_ERRORS, Backoff, redis_connection_kwargs
 from service.errors import IndexUnavailableError
@@ -58,6 +59,8 @@ class IndexHolder:
         redis_url: Redis for the active version and activation events; None: files only.
         check: called on every newly opened version before it is served; raising refuses it
             (e.g. an index built with another model), and the current version stays.
+        backend: where shortlists are searched (default: the versions' FAISS files); a
+            version that cannot be opened there (Milvus unreachable) is retried every poll.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class IndexHolder:
         poll_interval_s: float = 2.0,
         socket_timeout_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        backend: ShortlistBackend | None = None,
     ) -> None:
         self.index_root = Path(index_root)
         self.galleries = list(galleries)
@@ -79,6 +83,7 @@ class IndexHolder:
         self._metrics = metrics
         self._device = device
         self._check = check
+        self._backend = backend
         self._poll_interval_s = poll_interval_s
         self._socket_timeout_s = socket_timeout_s
         self._backoff = Backoff(maximum_s=backoff_max_s)
@@ -121,6 +126,15 @@ class IndexHolder:
         """The loaded versions, one per gallery that has one."""
         with self._lock:
             return [self._current[m] for m in self.galleries if m in self._current]
+
+    def shortlist_problems(self) -> list[str]:
+        """Why a loaded version's shortlist cannot answer now (Milvus down); empty when fine."""
+        problems = []
+        for loaded in self.loaded():
+            problem = loaded.index.backend.health(loaded.index.manifest)
+            if problem:
+                problems.append(f"{loaded.modality}: {problem}")
+        return problems
 
     @property
     def ready(self) -> bool:
@@ -190,7 +204,7 @@ class IndexHolder:
                 return
             path = self._file_registry.version_path(modality, version)
             try:
-                index = open_version(path, device=self._device)
+                index = open_version(path, device=self._device, backend=self._backend)
             except (ValueError, OSError) as error:
                 log.error(
                     "cannot open %s index %s (%s); keeping the current one",

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from indexer.publish import model_fingerprint
+from indexer.shortlist_backends import make_backend
 from indexer.store import IndexVersion
 from indexer.threads import apply_thread_budget
 from models.encoder_runtime import OnnxEncoder
@@ -145,6 +146,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         poll_interval_s=settings.poll_interval_s,
         socket_timeout_s=settings.redis_socket_timeout_s,
         backoff_max_s=settings.redis_backoff_max_s,
+        backend=make_backend(settings.shortlist_backend, settings.milvus_uri, settings.device),
     )
     holder.start()
     searcher = Searcher(

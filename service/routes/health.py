@@ -3,6 +3,7 @@
 import dataclasses
 
 from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from indexer.calibration_inheritance import uncalibrated_metrics
@@ -35,6 +36,11 @@ async def readyz(request: Request) -> JSONResponse:
     missing = [gallery for gallery, version in versions.items() if version is None]
     if missing:
         detail = f"no index loaded for: {', '.join(missing)} (activate one with probsearch reindex)"
+        body = ReadinessResponse(ready=False, versions=versions, detail=detail)
+        return JSONResponse(body.model_dump(), status_code=503)
+    problems = await run_in_threadpool(services.holder.shortlist_problems)
+    if problems:
+        detail = "shortlist unavailable: " + "; ".join(problems)
         body = ReadinessResponse(ready=False, versions=versions, detail=detail)
         return JSONResponse(body.model_dump(), status_code=503)
     warnings = [w for w in map(calibration_warning, services.holder.loaded()) if w]

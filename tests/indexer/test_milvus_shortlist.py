@@ -1,0 +1,98 @@
+"""Milvus shortlists (Milvus Lite, flat collections) against FAISS flat and brute force."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from indexer.manifest import read_manifest
+from indexer.milvus_store import MilvusBackend, MilvusCollectionError, alias_name, collection_name
+from indexer.shortlist_backends import make_backend
+from indexer.store import open_version
+from models.gaussian import pairwise_distance
+from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
+
+N, D, Q, K = 3000, 16, 40, 10
+NATIVE_METRICS = ("w2", "csd", "kl", "kl_reverse", "js", "min_kl", "mahalanobis")
+
+
+@pytest.fixture(scope="module")
+def gallery() -> tuple[np.ndarray, np.ndarray]:
+    return clustered_gaussians(N, D, seed=3, clusters=60)
+
+
+@pytest.fixture(scope="module")
+def queries(gallery) -> tuple[np.ndarray, np.ndarray]:
+    return nearby_queries(*gallery, num=Q, seed=4)
+
+
+@pytest.fixture(scope="module")
+def milvus(tmp_path_factory) -> MilvusBackend:
+    backend = MilvusBackend(str(tmp_path_factory.mktemp("milvus") / "milvus.db"))
+    yield backend
+    backend.connection.close()
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory, gallery, milvus):
+    """The same flat version opened twice: shortlists from FAISS files and from Milvus."""
+    path = Path(tmp_path_factory.mktemp("flat")) / "v1"
+    write_synthetic_version(path, *gallery, metrics=NATIVE_METRICS, index_type="flat")
+    milvus.write_version(read_manifest(path), *gallery)
+    faiss_version = open_version(path, verify=True)
+    milvus_version = open_version(path, backend=milvus)
+    yield faiss_version, milvus_version
+    faiss_version.close()
+    milvus_version.close()
+
+
+@pytest.mark.parametrize("metric", NATIVE_METRICS)
+def test_milvus_flat_equals_faiss_flat_and_brute_force(versions, gallery, queries, metric) -> None:
+    faiss_version, milvus_version = versions
+    faiss_distances, faiss_rows = faiss_version.shortlist(metric, *queries, K)
+    distances, rows = milvus_version.shortlist(metric, *queries, K)
+    np.testing.assert_array_equal(rows, faiss_rows)
+    # the per-query constants are added back: the distances are the metric's own
+    np.testing.assert_allclose(distances, faiss_distances, rtol=1e-4, atol=1e-3)
+    as64 = [torch.from_numpy(a).double() for a in (*queries, *gallery)]
+    exact = pairwise_distance(metric, *as64).numpy()  # (Q, N) brute force
+    truth = np.argsort(exact, axis=1)[:, :K]
+    assert all(set(r) == set(t) for r, t in zip(rows, truth, strict=True))
+    np.testing.assert_allclose(distances, np.take_along_axis(exact, rows, 1), rtol=1e-3, atol=2e-3)
+
+
+def test_a_shortlist_longer_than_the_gallery_is_padded(tmp_path, milvus) -> None:
+    mu, logvar = clustered_gaussians(30, 4, seed=1, clusters=3)
+    write_synthetic_version(tmp_path / "small", mu, logvar, ("kl",), "flat")
+    milvus.write_version(read_manifest(tmp_path / "small"), mu, logvar)
+    version = open_version(tmp_path / "small", backend=milvus)
+    distances, rows = version.shortlist("kl", mu[:2], logvar[:2], 40)
+    assert (rows[:, :30] >= 0).all() and (rows[:, 30:] == -1).all()
+    assert np.isinf(distances[:, 30:]).all() and rows[0, 0] == 0
+
+
+def test_alias_moves_to_the_activated_version(tmp_path, milvus) -> None:
+    mu, logvar = clustered_gaussians(50, 4, seed=2, clusters=3)
+    for version in ("va", "vb"):
+        write_synthetic_version(tmp_path / version, mu, logvar, ("w2",), "flat", "image")
+        milvus.write_version(read_manifest(tmp_path / version), mu, logvar)
+    milvus.activate("image", "va", ("w2",))
+    assert milvus.active_collection("image", "w2") == collection_name("image", "va", "w2")
+    milvus.activate("image", "vb", ("w2",))
+    assert milvus.active_collection("image", "w2") == collection_name("image", "vb", "w2")
+    assert alias_name("image", "w2") != collection_name("image", "vb", "w2")
+    with pytest.raises(MilvusCollectionError, match="rebuild it"):
+        milvus.activate("image", "never-built", ("w2",))
+
+
+def test_a_version_without_collections_is_refused_with_the_fix(tmp_path, milvus) -> None:
+    mu, logvar = clustered_gaussians(50, 4, seed=2, clusters=3)
+    write_synthetic_version(tmp_path / "faiss-only", mu, logvar, ("w2",), "flat")
+    with pytest.raises(MilvusCollectionError, match="PROBSEARCH_SHORTLIST_BACKEND=milvus"):
+        open_version(tmp_path / "faiss-only", backend=milvus)
+
+
+def test_milvus_backend_needs_a_uri() -> None:
+    with pytest.raises(ValueError, match="PROBSEARCH_MILVUS_URI"):
+        make_backend("milvus", None)
