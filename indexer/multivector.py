@@ -27,6 +27,9 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import torch
+
+from models.pvse.max_pair import max_pair_similarity
 
 MULTIVECTOR_FILE = "max_pair.faiss"
 EMBEDDINGS_FILE = "embeddings.npy"  # (N, K, D) float32 unit vectors, row n = gallery row n
@@ -47,8 +50,8 @@ def _check(vectors: np.ndarray, name: str) -> np.ndarray:
 
 def best_pair_scores(queries: np.ndarray, items: np.ndarray) -> np.ndarray:
     """max over pairs of <x_p, y_q>: queries (Q, K', D), items (M, K, D) -> (Q, M) float32."""
-    pairs = np.einsum("apd,bqd->abpq", queries, items)  # (Q, M, K', K)
-    return pairs.reshape(*pairs.shape[:2], -1).max(axis=-1)
+    a, b = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in (queries, items))
+    return max_pair_similarity(a, b).numpy()  # the one copy of the formula, models.pvse
 
 
 class MultiVectorIndex:

@@ -22,9 +22,15 @@ from models.datasets.records import (
     plausible_match_matrix,
 )
 from models.encoder_runtime import Embeddings, OnnxEncoder
-from models.gaussian import check_metric, elementwise_distance, pairwise_distance
+from models.gaussian import (
+    UnknownMetricError,
+    check_metric,
+    elementwise_distance,
+    pairwise_distance,
+)
 from models.heads import fraction_at_bound
 from models.preprocess import load_image
+from models.pvse.max_pair import MAX_PAIR, max_pair_distance, shortlist_max_pair_distance
 from models.rejection_metrics import auroc, rejection_summary, spearman
 from models.retrieval_metrics import (
     DistanceChunk,
@@ -46,6 +52,17 @@ class EvaluationError(ValueError):
     """An evaluation that cannot run as asked (empty split, bad settings); says how to fix it."""
 
 
+def check_eval_metric(metric: str) -> str:
+    """`metric` if eval can rank with it: a models.gaussian metric, or max_pair (pvse models:
+    1 - the best cosine over the K x K embedding pairs); UnknownMetricError otherwise."""
+    if metric == MAX_PAIR:
+        return metric
+    try:
+        return check_metric(metric)
+    except UnknownMetricError as e:
+        raise UnknownMetricError(f"{e}, or {MAX_PAIR} (pvse models)") from e
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """How to evaluate. `metrics` empty = the model's default search metric."""
@@ -64,7 +81,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         for metric in self.metrics:
-            check_metric(metric)
+            check_eval_metric(metric)
         if self.mc_samples < 0 or self.shortlist_size < 1 or self.chunk_size < 1:
             raise EvaluationError("mc_samples must be >= 0, shortlist_size and chunk_size >= 1")
         if not self.temperatures or any(not t > 0 for t in self.temperatures):
@@ -76,8 +93,8 @@ class SplitEmbeddings:
     """Both galleries of one split, embedded, with the pairing and labels the metrics need."""
 
     dataset: PairedDataset
-    images: Embeddings  # mu/logvar (I, D), mc_* (L, I, D) or None
-    captions: Embeddings  # mu/logvar (C, D), mc_* (L, C, D) or None
+    images: Embeddings  # mu/logvar (I, D), mc_* (L, I, D) or None; pvse: embeddings (I, K, D)
+    captions: Embeddings  # mu/logvar (C, D), mc_* (L, C, D) or None; pvse: (C, K, D)
     caption_image: np.ndarray  # (C,) int64 row of each caption's image
     image_labels: np.ndarray  # (I, K) 0/1 multi-hot over dataset.label_names
     encoders: dict[str, OnnxEncoder] = field(repr=False, default_factory=dict)
@@ -92,13 +109,33 @@ def torch_device(device: str) -> torch.device:
 
 
 def _concat(parts: list[Embeddings]) -> Embeddings:
-    mc = parts[0].mc_mu is not None
+    """Batches joined along the items (axis 0, or 1 for the MC draws); a field that one batch
+    lacks is None."""
+
+    def join(name: str, axis: int = 0) -> np.ndarray | None:
+        arrays = [getattr(p, name) for p in parts]
+        return None if any(a is None for a in arrays) else np.concatenate(arrays, axis=axis)
+
     return Embeddings(
-        mu=np.concatenate([p.mu for p in parts]),
-        logvar=np.concatenate([p.logvar for p in parts]),
-        mc_mu=np.concatenate([p.mc_mu for p in parts], axis=1) if mc else None,
-        mc_logvar=np.concatenate([p.mc_logvar for p in parts], axis=1) if mc else None,
+        mu=join("mu"),
+        logvar=join("logvar"),
+        mc_mu=join("mc_mu", 1),
+        mc_logvar=join("mc_logvar", 1),
+        embeddings=join("embeddings"),
+        mc_embeddings=join("mc_embeddings", 1),
     )
+
+
+def multi_embeddings(embeddings: Embeddings, draws: bool = False) -> np.ndarray:
+    """The K embeddings (N, K, D), or of the MC draws (L, N, K, D); EvaluationError when the
+    encoder gave none (max_pair needs a pvse model)."""
+    array = embeddings.mc_embeddings if draws else embeddings.embeddings
+    if array is None:
+        raise EvaluationError(
+            f"metric {MAX_PAIR} needs the K embeddings of a pvse model; this model's encoders "
+            "output only mu and logvar (choose a Gaussian metric with --metrics)"
+        )
+    return array
 
 
 def embed_images(
@@ -169,6 +206,13 @@ def distance_chunks(
     seed: int = 0,
 ) -> Iterator[DistanceChunk]:
     """Distances (c, G) of successive chunks of queries to the whole gallery."""
+    if metric == MAX_PAIR:
+        gallery_k = torch.from_numpy(multi_embeddings(gallery)).to(device)  # (G, K, D)
+        queries_k = multi_embeddings(queries)  # (Q, K, D)
+        for start in range(0, queries_k.shape[0], chunk_size):
+            chunk = torch.from_numpy(queries_k[start : start + chunk_size]).to(device)
+            yield start, max_pair_distance(chunk, gallery_k)  # (c, G)
+        return
     params = {"seed": seed} if metric == "match_prob" else {}
     mu_g = torch.from_numpy(gallery.mu).to(device)
     logvar_g = torch.from_numpy(gallery.logvar).to(device)
@@ -193,10 +237,6 @@ def direction_scores(
     for start in range(0, shortlist.shape[0], config.chunk_size):
         stop = min(start + config.chunk_size, shortlist.shape[0])
         rows = shortlist[start:stop]  # (c, m)
-        candidates = (
-            gather_rows(gallery.mu, rows, device),
-            gather_rows(gallery.logvar, rows, device),
-        )
         query = tuple(
             torch.from_numpy(a[start:stop]).to(device) for a in (queries.mu, queries.logvar)
         )
@@ -206,7 +246,16 @@ def direction_scores(
                 torch.from_numpy(a[:, start:stop]).to(device)
                 for a in (queries.mc_mu, queries.mc_logvar)
             )
-        distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
+        if metric == MAX_PAIR:
+            distances, mc_distances = max_pair_shortlist_distances(
+                queries, gallery, rows, slice(start, stop), has_draws, device
+            )
+        else:
+            candidates = (
+                gather_rows(gallery.mu, rows, device),
+                gather_rows(gallery.logvar, rows, device),
+            )
+            distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
         mc_mu = None if draws is None else draws[0]
         for t, temperature in enumerate(config.temperatures):
             scores = query_scores(query[1], distances, temperature, mc_mu, mc_distances)
@@ -216,6 +265,25 @@ def direction_scores(
                 elif t == 0:
                     parts.setdefault(name, []).append(values)
     return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+def max_pair_shortlist_distances(
+    queries: Embeddings,
+    gallery: Embeddings,
+    rows: np.ndarray,
+    chunk: slice,
+    has_draws: bool,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """max_pair distances (c, m) of a chunk of queries and (L, c, m) of their MC draws' K
+    embeddings to each query's shortlisted rows (c, m), as the service computes them."""
+    candidates = torch.from_numpy(multi_embeddings(gallery)[rows]).to(device)  # (c, m, K, D)
+    query = torch.from_numpy(multi_embeddings(queries)[chunk]).to(device)  # (c, K, D)
+    distances = shortlist_max_pair_distance(query, candidates)  # (c, m)
+    if not has_draws:
+        return distances, None
+    draws = torch.from_numpy(multi_embeddings(queries, draws=True)[:, chunk]).to(device)
+    return distances, shortlist_max_pair_distance(draws, candidates)  # (L, c, m)
 
 
 @dataclass(frozen=True)
@@ -296,6 +364,9 @@ def _selection_accuracy(
     candidate 1, query view 1 (union A+B) closer to candidate 1; a tie counts as wrong."""
 
     def distance(query: Embeddings, candidate: Embeddings) -> np.ndarray:
+        if metric == MAX_PAIR:
+            a, b = (torch.from_numpy(multi_embeddings(e)) for e in (query, candidate))
+            return shortlist_max_pair_distance(a, b[:, None]).double().numpy()[:, 0]  # (P,)
         tensors = [
             torch.from_numpy(a) for a in (query.mu, query.logvar, candidate.mu, candidate.logvar)
         ]

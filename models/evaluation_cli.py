@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from models.evaluate import EvalConfig, EvaluationError, evaluate_model
+from models.evaluate import EvalConfig, EvaluationError, check_eval_metric, evaluate_model
 from models.evaluation_report import markdown_report, write_report
-from models.gaussian import UnknownMetricError, check_metric
+from models.gaussian import UnknownMetricError
 from models.settings import ProbsearchSettings
 from models.threads import configure_torch_threads
 
@@ -44,7 +44,10 @@ def eval_command(
     split: Annotated[str, typer.Option(help="train, val or test.")] = "test",
     metrics: Annotated[
         str | None,
-        typer.Option(help="Comma-separated distances, e.g. w2,kl,min_kl [default: the model's]."),
+        typer.Option(
+            help="Comma-separated distances, e.g. w2,kl,min_kl, or max_pair for pvse "
+            "[default: the model's]."
+        ),
     ] = None,
     report: Annotated[
         Path | None,
@@ -83,7 +86,7 @@ def eval_command(
     metric_names = _parse_list(metrics, str, "metrics")
     try:
         for metric in metric_names:
-            check_metric(metric)
+            check_eval_metric(metric)
     except UnknownMetricError as e:
         raise _fail(str(e), 2) from e
     try:

@@ -11,12 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from indexer.multivector import best_pair_scores
+from models.pvse.max_pair import shortlist_max_pair_distance
 from models.scoring.query_scores import QueryScores, query_scores
 from models.scoring.rerank import Ranked, gather_rows
 from service.errors import InvalidQueryError
-
-MAX_PAIR = "max_pair"
 
 
 def check_max_pair(index: Any, gallery: str, embeddings: np.ndarray | None) -> None:
@@ -56,8 +54,9 @@ def max_pair_scores(
     distances = ranked.distances.double().cpu()[None]  # (1, M)
     mc_distances = mc_mean = None
     if mc_embeddings is not None and len(mc_embeddings) > 0 and mc_mu is not None:
-        items = np.asarray(index.multivector.embeddings[ranked.rows], dtype=np.float32)
-        mc_distances = torch.from_numpy(1.0 - best_pair_scores(mc_embeddings, items))[:, None]
+        items = gather_rows(index.multivector.embeddings, ranked.rows, torch.device("cpu"))
+        draws = torch.from_numpy(np.asarray(mc_embeddings, np.float32))[:, None]  # (L, 1, K, D)
+        mc_distances = shortlist_max_pair_distance(draws, items[None])  # (L, 1, M)
         mc_mean = torch.from_numpy(np.asarray(mc_mu, np.float32))[:, None]  # (L, 1, D)
     query_logvar = torch.from_numpy(np.asarray(logvar, np.float32))[None]  # (1, D)
     return query_scores(query_logvar, distances, temperature, mc_mean, mc_distances)

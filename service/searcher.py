@@ -19,12 +19,13 @@ from PIL import Image
 from models.augmented import INDEX_FAMILIES
 from models.encoder_runtime import OnnxEncoder
 from models.gaussian import METRICS
+from models.pvse.max_pair import MAX_PAIR
 from models.scoring.query_scores import QueryScores, shortlist_scores
 from models.scoring.rerank import Ranked, exact_rerank
 from models.uncertainty import log_det, sample_gaussian
 from service.errors import IndexUnavailableError, InvalidQueryError
 from service.index_holder import IndexHolder, LoadedIndex
-from service.pvse_search import MAX_PAIR, check_max_pair, max_pair_scores, rank_max_pair
+from service.pvse_search import check_max_pair, max_pair_scores, rank_max_pair
 
 QueryKind = Literal["text", "image", "embedding"]
 # A text query searches the image gallery and an image query the caption gallery.

@@ -5,17 +5,12 @@ from __future__ import annotations
 import torch
 
 from models.objectives.hinge import Negatives, hinge_triplet_loss
+from models.pvse.max_pair import max_pair_similarity
 from models.pvse.network import PvseOutput
 
 DEFAULT_DIV_WEIGHT = 0.1  # lambda_1 (the paper sweeps 0.1, 0.01, 0.001)
 DEFAULT_MMD_WEIGHT = 0.01  # lambda_2
 RBF_GAMMA = 0.5  # kernel exp(-gamma ||a - b||^2) on unit vectors (bandwidth sigma = 1)
-
-
-def max_pair_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Best cosine over the K x K pairs: (A, K, D) x (B, K', D) unit vectors -> (A, B)."""
-    pairs = torch.einsum("apd,bqd->abpq", a, b)  # (A, B, K, K')
-    return pairs.flatten(2).max(dim=-1).values
 
 
 def diversity_loss(maps: torch.Tensor) -> torch.Tensor:

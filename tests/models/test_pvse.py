@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from models.datasets.shapes import generate_shapes
 from models.model_config import ConfigError, ModelConfig
 from models.objectives.hinge import hinge_triplet_loss
-from models.pvse.losses import diversity_loss, max_pair_similarity, mmd_rbf, pvse_loss
+from models.pvse.losses import diversity_loss, mmd_rbf, pvse_loss
+from models.pvse.max_pair import max_pair_similarity
 from models.pvse.model import PvseModel
 from models.pvse.network import PvseOutput, summarize
 from service.cli import app
