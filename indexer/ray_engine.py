@@ -90,7 +90,9 @@ def import_ray() -> Any:
 def ray_runtime(address: str | None) -> Iterator[Any]:
     """Connect to the cluster at `address`, or start a local runtime sized to this machine's
     CPUs; disconnect (and stop the local runtime) on exit. A runtime the caller already
-    started is used as it is and left running."""
+    started is used as it is and left running. Without `address` the runtime is always a new
+    one (address="local"): plain ray.init() would join any Ray cluster already running on
+    this machine, which the command did not ask for."""
     ray = import_ray()
     if ray.is_initialized():
         yield ray
@@ -100,7 +102,7 @@ def ray_runtime(address: str | None) -> Iterator[Any]:
         if address:
             ray.init(address=address, **quiet)
         else:
-            ray.init(num_cpus=available_cpus(), include_dashboard=False, **quiet)
+            ray.init(address="local", num_cpus=available_cpus(), include_dashboard=False, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
         raise RayEngineError(f"could not start or reach {where}: {e}") from None

@@ -4,8 +4,10 @@ point and resumes, and without Ray installed says which extra to install."""
 
 import dataclasses
 import json
+import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,12 +32,34 @@ OLD = "20000101T000000000Z-old"
 runner = CliRunner()
 
 
+RAY_CLI = Path(sys.executable).parent / "ray"
+
+
 @pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray runtime for the in-process runs (reindex uses a runtime already started)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
-    yield
-    ray.shutdown()
+def local_ray(tmp_path_factory: pytest.TempPathFactory):
+    """One local Ray cluster for the in-process runs (reindex uses a runtime already started).
+
+    The head starts in a `ray start` process of its own, not by ray.init in this one: the test
+    process holds other libraries' gRPC threads (pymilvus), and a raylet forked from it hung
+    until Ray's 30 s start-up limit in one full-suite run."""
+    port = free_port()
+    head = [str(RAY_CLI), "start", "--head", f"--port={port}", "--num-cpus=2",
+            "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
+    # A throwaway cluster on 127.0.0.1 for this test process only: no token to hand around.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    subprocess.run(head, check=True, capture_output=True, timeout=120, env=env)
+    try:
+        ray.init(address=f"127.0.0.1:{port}", log_to_driver=False, logging_level="warning")
+        yield
+    finally:
+        ray.shutdown()
+        subprocess.run([str(RAY_CLI), "stop", "--force"], capture_output=True, timeout=120)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_both(tmp_path: Path, **fields) -> tuple[Path, Path]:
