@@ -180,16 +180,11 @@ def synthetic_gallery(work: Path, model: Path, count: int, metrics: tuple[str, .
     `probsearch reindex` would (index type auto); built once per size, metrics and model."""
     from index_bench import clustered_gaussians
 
-    from indexer.build import default_memory_budget, plan_index
+    from indexer.build import default_memory_budget
     from indexer.manifest import Calibration, Manifest, checksum_dir, write_manifest
     from indexer.publish import model_fingerprint, verify_version
     from indexer.registry import ActiveRegistry
-    from indexer.store import (
-        families_for,
-        served_metrics,
-        write_arrays_and_metadata,
-        write_indexes,
-    )
+    from indexer.store import served_metrics, write_arrays_and_metadata, write_version_indexes
     from models.model_config import ModelConfig
 
     dim = ModelConfig.load(model).embed_dim
@@ -218,12 +213,8 @@ def synthetic_gallery(work: Path, model: Path, count: int, metrics: tuple[str, .
     )
     write_arrays_and_metadata(tmp, parts, count, dim)
     del mu, logvar
-    families = families_for(metrics)
-    plan = plan_index("auto", count, dim, families, default_memory_budget())
-    stored = [np.load(tmp / f"{a}.npy", mmap_mode="r") for a in ("mu", "logvar")]
-    index_params, search_params = write_indexes(tmp, *stored, plan)
-    del stored
-    served = served_metrics(families)
+    indexes = write_version_indexes(tmp, metrics, "auto", default_memory_budget())
+    served = served_metrics(indexes.families)
     manifest = Manifest(
         version=version,
         modality="image",
@@ -232,10 +223,10 @@ def synthetic_gallery(work: Path, model: Path, count: int, metrics: tuple[str, .
         dim=dim,
         count=count,
         metrics=served,
-        families=families,
-        index_type=plan.index_type,
-        index_params=index_params,
-        search_params=search_params,
+        families=indexes.families,
+        index_type=indexes.index_type,
+        index_params=indexes.index_params,
+        search_params=indexes.search_params,
         calibration={m: Calibration() for m in served},
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         source="synthetic",
@@ -245,7 +236,7 @@ def synthetic_gallery(work: Path, model: Path, count: int, metrics: tuple[str, .
     os.rename(tmp, final)
     registry.activate("image", version)
     print(
-        f"built the synthetic gallery ({count} x {dim}, {plan.index_type}) in "
+        f"built the synthetic gallery ({count} x {dim}, {indexes.index_type}) in "
         f"{time.perf_counter() - started:.0f} s: {root}",
         flush=True,
     )

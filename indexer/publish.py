@@ -24,7 +24,6 @@ from indexer.build import (
     INDEX_TYPES,
     IndexBuildError,
     default_memory_budget,
-    plan_index,
 )
 from indexer.calibration_inheritance import (
     InheritedCalibration,
@@ -53,7 +52,7 @@ from indexer.store import (
     open_version,
     served_metrics,
     write_arrays_and_metadata,
-    write_indexes,
+    write_version_indexes,
 )
 from models.gaussian import check_metric
 
@@ -256,13 +255,8 @@ def build_version(
     write_arrays_and_metadata(version_dir, parts, summary.kept, summary.dim, job.dtype)
     write_report(version_dir / REPORT_NAME, report)
     write_multivector(version_dir, (load_chunk(p).embeddings for p in summary.chunk_paths))
-    mu = np.load(version_dir / "mu.npy", mmap_mode="r")  # (N, D)
-    logvar = np.load(version_dir / "logvar.npy", mmap_mode="r")
-    families = families_for(job.metrics)
     budget = job.memory_budget or default_memory_budget()
-    plan = plan_index(job.index_type, summary.kept, summary.dim, families, budget)
-    index_params, search_params = write_indexes(version_dir, mu, logvar, plan, seed=job.seed)
-    del mu, logvar
+    indexes = write_version_indexes(version_dir, job.metrics, job.index_type, budget, job.seed)
     metrics = version_metrics(job)
     if inherited is None:
         inherited = InheritedCalibration({metric: Calibration() for metric in metrics}, None, "")
@@ -274,10 +268,10 @@ def build_version(
         dim=summary.dim,
         count=summary.kept,
         metrics=metrics,
-        families=families,
-        index_type=plan.index_type,
-        index_params=index_params,
-        search_params=search_params,
+        families=indexes.families,
+        index_type=indexes.index_type,
+        index_params=indexes.index_params,
+        search_params=indexes.search_params,
         calibration=inherited.calibration,
         calibration_inherited_from=inherited.source,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -7,7 +7,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import faiss
 import numpy as np
 import torch
 
-from indexer.build import IndexPlan, build_family_index, duplicate_representatives
+from indexer.build import IndexPlan, build_family_index, duplicate_representatives, plan_index
 from indexer.manifest import (
     Calibration,
     Manifest,
@@ -94,6 +94,29 @@ class MetadataWriter:
         """Commit and close."""
         self._db.commit()
         self._db.close()
+
+
+@dataclass(frozen=True)
+class WrittenIndexes:
+    """What a version's manifest records of the indexes write_version_indexes built."""
+
+    families: tuple[str, ...]
+    index_type: str
+    index_params: dict[str, dict[str, Any]]
+    search_params: dict[str, dict[str, Any]]
+
+
+def write_version_indexes(
+    version_dir: Path, metrics: Iterable[str], index_type: str, memory_budget: int, seed: int = 0
+) -> WrittenIndexes:
+    """Plan (indexer.build.plan_index) and write the indexes of every family `metrics` need,
+    over the mu.npy / logvar.npy already written into `version_dir`."""
+    mu = np.load(version_dir / MU_NAME, mmap_mode="r")  # (N, D)
+    logvar = np.load(version_dir / LOGVAR_NAME, mmap_mode="r")
+    families = families_for(metrics)
+    plan = plan_index(index_type, mu.shape[0], mu.shape[1], families, memory_budget)
+    index_params, search_params = write_indexes(version_dir, mu, logvar, plan, seed=seed)
+    return WrittenIndexes(families, plan.index_type, index_params, search_params)
 
 
 def write_indexes(

@@ -59,9 +59,7 @@ class ProbabilisticModel(nn.Module):
         stochastic: bool = False,
     ) -> Embedding:
         """images (N, 3, H, W) -> (mu, logvar) (N, D); one dropout draw if `stochastic`."""
-        shape = self.image_mask_shape(1, images.shape[0])
-        p = self.config.dropout if stochastic else 0.0
-        return self.image_encoder(images, dropout_masks(shape, p, generator, images.device))
+        return self.image_encoder(images, self.image_masks(images, generator, stochastic))
 
     def encode_texts(
         self,
@@ -71,11 +69,24 @@ class ProbabilisticModel(nn.Module):
         stochastic: bool = False,
     ) -> Embedding:
         """ids (N, T), lengths (N,) -> (mu, logvar) (N, D); one dropout draw if `stochastic`."""
+        return self.text_encoder(ids, lengths, *self.text_masks(ids, generator, stochastic))
+
+    def image_masks(
+        self, images: torch.Tensor, generator: torch.Generator | None, stochastic: bool
+    ) -> torch.Tensor:
+        """One draw of the image encoder's dropout masks (all ones unless `stochastic`)."""
+        shape = self.image_mask_shape(1, images.shape[0])
+        p = self.config.dropout if stochastic else 0.0
+        return dropout_masks(shape, p, generator, images.device)
+
+    def text_masks(
+        self, ids: torch.Tensor, generator: torch.Generator | None, stochastic: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draw of the text encoder's (word, head) dropout masks."""
         word_shape, head_shape = self.text_mask_shapes(1, ids.shape[0], ids.shape[1])
         p = self.config.dropout if stochastic else 0.0
         word_masks = dropout_masks(word_shape, p, generator, ids.device)
-        head_masks = dropout_masks(head_shape, p, generator, ids.device)
-        return self.text_encoder(ids, lengths, word_masks, head_masks)
+        return word_masks, dropout_masks(head_shape, p, generator, ids.device)
 
 
 def build_model(config: ModelConfig) -> ProbabilisticModel:

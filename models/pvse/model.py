@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from models.heads import dropout_masks
 from models.model_config import ModelConfig
 from models.probabilistic_model import Embedding, ProbabilisticModel
 from models.pvse.network import PvseImageEncoder, PvseOutput, PvseTextEncoder
@@ -27,9 +26,7 @@ class PvseModel(ProbabilisticModel):
         stochastic: bool = False,
     ) -> PvseOutput:
         """images (N, 3, H, W) -> PvseOutput of N rows; one dropout draw if `stochastic`."""
-        shape = self.image_mask_shape(1, images.shape[0])
-        p = self.config.dropout if stochastic else 0.0
-        return self.image_encoder.embed(images, dropout_masks(shape, p, generator, images.device))
+        return self.image_encoder.embed(images, self.image_masks(images, generator, stochastic))
 
     def embed_texts(
         self,
@@ -39,11 +36,7 @@ class PvseModel(ProbabilisticModel):
         stochastic: bool = False,
     ) -> PvseOutput:
         """ids (N, T), lengths (N,) -> PvseOutput of N rows; one dropout draw if `stochastic`."""
-        word_shape, head_shape = self.text_mask_shapes(1, ids.shape[0], ids.shape[1])
-        p = self.config.dropout if stochastic else 0.0
-        word_masks = dropout_masks(word_shape, p, generator, ids.device)
-        head_masks = dropout_masks(head_shape, p, generator, ids.device)
-        return self.text_encoder.embed(ids, lengths, word_masks, head_masks)
+        return self.text_encoder.embed(ids, lengths, *self.text_masks(ids, generator, stochastic))
 
     def encode_images(
         self,

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.build import plan_index
 from indexer.manifest import Calibration, Manifest, checksum_dir, write_manifest
 from indexer.registry import ActiveRegistry
-from indexer.store import families_for, served_metrics, write_arrays_and_metadata, write_indexes
+from indexer.store import served_metrics, write_arrays_and_metadata, write_version_indexes
 
 LOGVAR_MIN, LOGVAR_MAX = np.log(0.1), np.log(10.0)
 
@@ -52,12 +51,8 @@ def write_synthetic_version(
     count, dim = mu.shape
     records = [{"id": f"item-{i}", "text": f"caption {i}", "extra": {"i": i}} for i in range(count)]
     write_arrays_and_metadata(version_dir, [(mu, logvar, records)], count, dim, dtype)
-    families = families_for(metrics)
-    plan = plan_index(index_type, count, dim, families, 10**12)
-    stored_mu = np.load(version_dir / "mu.npy", mmap_mode="r")
-    stored_logvar = np.load(version_dir / "logvar.npy", mmap_mode="r")
-    index_params, search_params = write_indexes(version_dir, stored_mu, stored_logvar, plan)
-    served = served_metrics(families)
+    indexes = write_version_indexes(version_dir, metrics, index_type, 10**12)
+    served = served_metrics(indexes.families)
     manifest = Manifest(
         version=version_dir.name,
         modality=modality,
@@ -66,10 +61,10 @@ def write_synthetic_version(
         dim=dim,
         count=count,
         metrics=served,
-        families=families,
-        index_type=plan.index_type,
-        index_params=index_params,
-        search_params=search_params,
+        families=indexes.families,
+        index_type=indexes.index_type,
+        index_params=indexes.index_params,
+        search_params=indexes.search_params,
         calibration={m: Calibration() for m in served},
         created_at="2024-01-01T00:00:00+00:00",
         dtype=dtype,
