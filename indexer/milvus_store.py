@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from indexer.build import family_vectors, row_batches
+from indexer.milvus_schema import ROW_FIELD, VECTOR_FIELD, create_collection, entities
 from indexer.read_index import DuplicateGroups
 from indexer.shortlist_backends import FamilySearcher, ShortlistUnavailableError
 from models.augmented import augmented_dim, index_form, query_vectors
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-ROW_FIELD, VECTOR_FIELD = "row", "vector"
+MetadataLookup = Callable[[Sequence[int]], list[dict[str, Any]]]
 INSERT_BYTES = 16 << 20  # rows per insert call: ~16 MB of vectors, under gRPC's 64 MB limit
 TIMEOUT_S = 10.0  # one Milvus call; then the shortlist counts as unavailable
 MAX_TOP_K = 16384  # Milvus's largest limit per search
@@ -273,17 +274,19 @@ class MilvusBackend:
         manifest: Manifest,
         mu: np.ndarray,
         logvar: np.ndarray,
+        metadata: MetadataLookup,
         duplicates: DuplicateGroups | None = None,
     ) -> list[str]:
-        """Write each family's augmented vectors of a version into a new collection, build its
-        index (the manifest's type) and check the counts; returns the collection names."""
+        """Write each family's augmented vectors of a version, with each row's metadata
+        (`metadata(rows)` -> records) as scalar fields, into a new collection; build its index
+        (the manifest's type) and check the counts; returns the collection names."""
         rows = duplicates.unique_rows if duplicates is not None else np.arange(len(mu))
         written: list[str] = []
         try:
             for family in manifest.families:
                 name = collection_name(manifest.modality, manifest.version, family)
                 written.append(name)
-                self._write_family(name, family, manifest, mu, logvar, rows)
+                self._write_family(name, family, manifest, (mu, logvar), metadata, rows)
         except BaseException:
             self.drop(written)
             raise
@@ -294,22 +297,19 @@ class MilvusBackend:
         name: str,
         family: str,
         manifest: Manifest,
-        mu: np.ndarray,
-        logvar: np.ndarray,
+        arrays: tuple[np.ndarray, np.ndarray],
+        metadata: MetadataLookup,
         rows: np.ndarray,
     ) -> None:
         dim = augmented_dim(family, manifest.dim)
         params = {**manifest.index_params.get(family, {}), "dim": dim}
         index_type, metric, build = milvus_index(manifest.index_type, params, family)
-        self.connection.call(lambda c: _create_collection(c, name, dim, index_type, metric, build))
+        self.connection.call(lambda c: create_collection(c, name, dim, index_type, metric, build))
         per_insert = max(1, INSERT_BYTES // (4 * dim))
         for batch in row_batches(len(rows), per_insert):
             batch_rows = rows[batch]
-            vectors = family_vectors(family, mu, logvar, batch_rows)  # (n, D')
-            data = [
-                {ROW_FIELD: int(r), VECTOR_FIELD: v}
-                for r, v in zip(batch_rows, vectors, strict=True)
-            ]
+            vectors = family_vectors(family, *arrays, batch_rows)  # (n, D')
+            data = entities(batch_rows, vectors, metadata(batch_rows.tolist()))
             self.connection.call(lambda c, d=data: c.insert(name, d))
         self.connection.call(lambda c: c.flush(name))
         stored = self.connection.call(lambda c: row_count(c, name))
@@ -352,21 +352,6 @@ def row_count(client: Any, name: str) -> int:
     return int(client.get_collection_stats(name)["row_count"])
 
 
-def _create_collection(
-    client: Any, name: str, dim: int, index_type: str, metric: str, build: dict[str, Any]
-) -> None:
-    from pymilvus import DataType
-
-    if client.has_collection(name):  # a failed earlier attempt of the same version
-        client.drop_collection(name)
-    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field(ROW_FIELD, DataType.INT64, is_primary=True)
-    schema.add_field(VECTOR_FIELD, DataType.FLOAT_VECTOR, dim=dim)
-    index_params = client.prepare_index_params()
-    index_params.add_index(VECTOR_FIELD, index_type=index_type, metric_type=metric, params=build)
-    client.create_collection(name, schema=schema, index_params=index_params)
-
-
 def _point_alias(client: Any, alias: str, name: str) -> None:
     if alias in client.list_aliases(name).get("aliases", []):
         return
@@ -381,7 +366,7 @@ def _point_alias(client: Any, alias: str, name: str) -> None:
 def write_version_dir(backend: MilvusBackend, version_dir: Path) -> list[str]:
     """Write the collections of a complete version dir (reindex, before it is published)."""
     from indexer.manifest import read_manifest
-    from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, MU_NAME
+    from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, METADATA_NAME, MU_NAME, MetadataReader
 
     manifest = read_manifest(version_dir)
     mu = np.load(version_dir / MU_NAME, mmap_mode="r")  # (N, D)
@@ -389,4 +374,8 @@ def write_version_dir(backend: MilvusBackend, version_dir: Path) -> list[str]:
     duplicates = None
     if (version_dir / DUPLICATES_NAME).is_file():
         duplicates = DuplicateGroups(np.load(version_dir / DUPLICATES_NAME))
-    return backend.write_version(manifest, mu, logvar, duplicates)
+    metadata = MetadataReader(version_dir / METADATA_NAME)
+    try:
+        return backend.write_version(manifest, mu, logvar, metadata.lookup, duplicates)
+    finally:
+        metadata.close()

@@ -177,7 +177,7 @@ class IndexVersion:
         # the shortlist of each family: local FAISS files, or Milvus (indexer.shortlist_backends)
         self.backend: ShortlistBackend = backend or FaissBackend(device)
         self._indexes = self.backend.open_families(self.path, self.manifest, self._duplicates)
-        self._metadata = _MetadataReader(self.path / METADATA_NAME)
+        self._metadata = MetadataReader(self.path / METADATA_NAME)
         # pvse versions: K vectors per row for the exact best-pair search (indexer.multivector)
         self.multivector = open_multivector(self.path)
         self._check_counts()
@@ -293,7 +293,7 @@ def _load_index(path: Path, device: str) -> faiss.Index:
     return to_device(faiss.read_index(str(path)), device, path.name)
 
 
-class _MetadataReader:
+class MetadataReader:
     """Thread-safe read-only lookups in metadata.sqlite (immutable once published)."""
 
     def __init__(self, path: Path) -> None:

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from indexer.manifest import read_manifest
-from indexer.milvus_store import MilvusBackend, MilvusCollectionError, alias_name, collection_name
+from indexer.milvus_schema import METADATA_FIELDS, ROW_FIELD
+from indexer.milvus_store import (
+    MilvusBackend,
+    MilvusCollectionError,
+    alias_name,
+    collection_name,
+    write_version_dir,
+)
 from indexer.shortlist_backends import make_backend
 from indexer.store import open_version
 from models.gaussian import pairwise_distance
@@ -39,7 +45,7 @@ def versions(tmp_path_factory, gallery, milvus):
     """The same flat version opened twice: shortlists from FAISS files and from Milvus."""
     path = Path(tmp_path_factory.mktemp("flat")) / "v1"
     write_synthetic_version(path, *gallery, metrics=NATIVE_METRICS, index_type="flat")
-    milvus.write_version(read_manifest(path), *gallery)
+    write_version_dir(milvus, path)
     faiss_version = open_version(path, verify=True)
     milvus_version = open_version(path, backend=milvus)
     yield faiss_version, milvus_version
@@ -62,10 +68,31 @@ def test_milvus_flat_equals_faiss_flat_and_brute_force(versions, gallery, querie
     np.testing.assert_allclose(distances, np.take_along_axis(exact, rows, 1), rtol=1e-3, atol=2e-3)
 
 
+def test_each_row_carries_its_metadata_as_scalar_fields(versions, milvus) -> None:
+    faiss_version, _ = versions
+    name = collection_name(faiss_version.manifest.modality, faiss_version.manifest.version, "kl")
+    rows = [0, 7, N - 1]
+    got = milvus.connection.call(
+        lambda c: c.query(
+            name, filter=f"{ROW_FIELD} in {rows}", output_fields=list(METADATA_FIELDS)
+        )
+    )
+    stored = {hit[ROW_FIELD]: hit for hit in got}
+    assert sorted(stored) == rows
+    for row, record in zip(rows, faiss_version.metadata(rows), strict=True):
+        assert stored[row]["item_id"] == record["id"] == f"item-{row}"
+        assert stored[row]["text"] == record["text"] == f"caption {row}"
+        assert stored[row]["uri"] is None and stored[row]["extra"] == record["extra"] == {"i": row}
+    hits = milvus.connection.call(
+        lambda c: c.query(name, filter='text == "caption 7"', output_fields=["item_id"])
+    )
+    assert [hit["item_id"] for hit in hits] == ["item-7"]
+
+
 def test_a_shortlist_longer_than_the_gallery_is_padded(tmp_path, milvus) -> None:
     mu, logvar = clustered_gaussians(30, 4, seed=1, clusters=3)
     write_synthetic_version(tmp_path / "small", mu, logvar, ("kl",), "flat")
-    milvus.write_version(read_manifest(tmp_path / "small"), mu, logvar)
+    write_version_dir(milvus, tmp_path / "small")
     version = open_version(tmp_path / "small", backend=milvus)
     distances, rows = version.shortlist("kl", mu[:2], logvar[:2], 40)
     assert (rows[:, :30] >= 0).all() and (rows[:, 30:] == -1).all()
@@ -76,7 +103,7 @@ def test_alias_moves_to_the_activated_version(tmp_path, milvus) -> None:
     mu, logvar = clustered_gaussians(50, 4, seed=2, clusters=3)
     for version in ("va", "vb"):
         write_synthetic_version(tmp_path / version, mu, logvar, ("w2",), "flat", "image")
-        milvus.write_version(read_manifest(tmp_path / version), mu, logvar)
+        write_version_dir(milvus, tmp_path / version)
     milvus.activate("image", "va", ("w2",))
     assert milvus.active_collection("image", "w2") == collection_name("image", "va", "w2")
     milvus.activate("image", "vb", ("w2",))
