@@ -14,14 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import torch
 from pytest_redis import factories
 from pytest_redis.executor.process import RedisExecutor
 
 from indexer.registry import ActiveRegistry
+from indexer.store import open_version
 from models.datasets.shapes import generate_shapes
+from models.gaussian import pairwise_distance
 from service.background_server import BackgroundServer
 from service.settings import Settings
+from tests.service.milvus_lite import MilvusLiteServer
 
 PROBSEARCH = Path(sys.executable).parent / "probsearch"
 METRICS = "w2,kl,min_kl"
@@ -77,6 +82,33 @@ def copy_index_root(artifacts: Artifacts, destination: Path) -> Path:
     """A private copy of the index root, for tests that change the active versions."""
     shutil.copytree(artifacts.index_root, destination, ignore=shutil.ignore_patterns(".*"))
     return destination
+
+
+def brute_force(version_dir, metric: str, mu: list[float], logvar: list[float], k: int):
+    """Exact top-k of the whole gallery: (ids, distances), ties broken by the smaller row."""
+    version = open_version(version_dir)
+    try:
+        distances = pairwise_distance(
+            metric,
+            torch.tensor([mu], dtype=torch.float32),
+            torch.tensor([logvar], dtype=torch.float32),
+            torch.from_numpy(np.array(version.mu, dtype=np.float32)),  # (N, D)
+            torch.from_numpy(np.array(version.logvar, dtype=np.float32)),
+        )[0].numpy()  # (N,)
+        rows = np.argsort(distances, kind="stable")[:k]
+        ids = [record["id"] for record in version.metadata(rows.tolist())]
+        return ids, distances[rows]
+    finally:
+        version.close()
+
+
+@pytest.fixture(scope="session")
+def milvus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilvusLiteServer]:
+    """A Milvus Lite server (its own process, stoppable) for the milvus backend's tests."""
+    server = MilvusLiteServer(tmp_path_factory.mktemp("milvus") / "data")
+    server.start()
+    yield server
+    server.stop()
 
 
 class ServerThread(BackgroundServer):

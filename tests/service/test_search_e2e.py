@@ -8,12 +8,9 @@ import httpx
 import numpy as np
 import pytest
 import redis
-import torch
 from PIL import Image
 
-from indexer.store import open_version
-from models.gaussian import pairwise_distance
-from tests.service.conftest import Artifacts, ServerThread
+from tests.service.conftest import Artifacts, ServerThread, brute_force
 
 CAPTION = "a big red circle and a small blue square"
 
@@ -27,24 +24,6 @@ def png_bytes(color: str = "red", size: int = 64) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, "PNG")
     return buffer.getvalue()
-
-
-def brute_force(version_dir, metric: str, mu: list[float], logvar: list[float], k: int):
-    """Exact top-k of the whole gallery: (ids, distances), ties broken by the smaller row."""
-    version = open_version(version_dir)
-    try:
-        distances = pairwise_distance(
-            metric,
-            torch.tensor([mu], dtype=torch.float32),
-            torch.tensor([logvar], dtype=torch.float32),
-            torch.from_numpy(np.array(version.mu, dtype=np.float32)),  # (N, D)
-            torch.from_numpy(np.array(version.logvar, dtype=np.float32)),
-        )[0].numpy()  # (N,)
-        rows = np.argsort(distances, kind="stable")[:k]
-        ids = [record["id"] for record in version.metadata(rows.tolist())]
-        return ids, distances[rows]
-    finally:
-        version.close()
 
 
 @pytest.mark.parametrize("shortlist", [None, 10])
