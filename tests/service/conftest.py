@@ -9,7 +9,8 @@ second image version that is built but not active (for the hot-swap tests).
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,14 @@ def brute_force(version_dir, metric: str, mu: list[float], logvar: list[float], 
         return ids, distances[rows]
     finally:
         version.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -25,17 +25,10 @@ from tests.service.conftest import (
     copy_index_root,
     make_settings,
     redis_url_of,
+    wait_for,
 )
 
 DEFAULT_BACKOFF_MAX_S = Settings.model_fields["redis_backoff_max_s"].default
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_activation_under_load_swaps_without_failures(
