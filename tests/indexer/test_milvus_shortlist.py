@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from indexer.milvus_schema import METADATA_FIELDS, ROW_FIELD
+from indexer.milvus_schema import (
+    METADATA_FIELDS,
+    ROW_FIELD,
+    VARCHAR_MAX_BYTES,
+    MetadataTooLongError,
+    entities,
+)
 from indexer.milvus_store import (
     MilvusBackend,
     MilvusCollectionError,
@@ -123,3 +129,11 @@ def test_a_version_without_collections_is_refused_with_the_fix(tmp_path, milvus)
 def test_milvus_backend_needs_a_uri() -> None:
     with pytest.raises(ValueError, match="PROBSEARCH_MILVUS_URI"):
         make_backend("milvus", None)
+
+
+def test_metadata_longer_than_a_varchar_is_refused_with_the_row() -> None:
+    record = {"id": "item-0", "text": "x" * (VARCHAR_MAX_BYTES + 1), "extra": {}}
+    with pytest.raises(MetadataTooLongError, match="row 5: its text"):
+        entities(np.array([5]), np.zeros((1, 4), np.float32), [record])
+    fits = entities(np.array([5]), np.zeros((1, 4), np.float32), [{"id": "a", "extra": {}}])
+    assert fits[0]["row"] == 5 and fits[0]["text"] is None and fits[0]["extra"] == {}
