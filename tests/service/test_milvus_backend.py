@@ -26,18 +26,44 @@ EXACT_METRICS = ("w2", "kl", "csd", "min_kl")  # the issue's end-to-end exactnes
 K = 10
 
 
-@pytest.fixture(scope="module")
-def index_root(tmp_path_factory, artifacts: Artifacts, milvus: MilvusLiteServer) -> Path:
-    """The session's indexes plus a new image version built and activated with milvus."""
-    root = copy_index_root(artifacts, tmp_path_factory.mktemp("milvus-indexes") / "indexes")
-    env = {"PROBSEARCH_SHORTLIST_BACKEND": "milvus", "PROBSEARCH_MILVUS_URI": milvus.uri}
+def reindex_into_milvus(artifacts: Artifacts, root: Path, uri: str) -> str:
+    """`probsearch reindex --activate` of the image gallery with the milvus backend at `uri`."""
+    env = {"PROBSEARCH_SHORTLIST_BACKEND": "milvus", "PROBSEARCH_MILVUS_URI": uri}
     args = ["reindex", "--modality", "image", "--source", str(artifacts.shapes), "--model",
             str(artifacts.model), "--index-root", str(root), "--metrics", f"{METRICS},csd",
             "--index-type", "flat", "--activate"]  # fmt: skip
     result = CliRunner().invoke(indexer_app, args, env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert ActiveRegistry(root, None).active_version("image") not in (None, artifacts.image_v1)
+    version = ActiveRegistry(root, None).active_version("image")
+    assert version not in (None, artifacts.image_v1)
+    return version
+
+
+@pytest.fixture(scope="module")
+def index_root(tmp_path_factory, artifacts: Artifacts, milvus: MilvusLiteServer) -> Path:
+    """The session's indexes plus a new image version built and activated with milvus."""
+    root = copy_index_root(artifacts, tmp_path_factory.mktemp("milvus-indexes") / "indexes")
+    reindex_into_milvus(artifacts, root, milvus.uri)
     return root
+
+
+def exact_search(client: httpx.Client, text: str, metric: str) -> dict:
+    """A search whose shortlist = k: no slack, only an exact metric-native shortlist passes."""
+    request = {"text": text, "k": K, "metric": metric, "shortlist": K, "return_embedding": True}
+    response = client.post("/search/text", json=request)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["metric"] == metric
+    return body
+
+
+def assert_brute_force(root: Path, version: str, metric: str, body: dict) -> None:
+    query = body["query"]
+    ids, distances = brute_force(root / "image" / version, metric, query["mu"], query["logvar"], K)
+    assert [hit["id"] for hit in body["results"]] == ids, metric
+    np.testing.assert_allclose(
+        [hit["distance"] for hit in body["results"]], distances, rtol=1e-4, atol=1e-5
+    )
 
 
 def search(client: httpx.Client, text: str, metric: str) -> httpx.Response:
@@ -58,25 +84,28 @@ def test_milvus_backend_ranks_exactly_like_faiss_and_brute_force(
             assert client.get("/readyz").status_code == 200
             for text in QUERIES:
                 for metric in EXACT_METRICS:
-                    # shortlist = k: no slack, only an exact metric-native shortlist passes
-                    request = {"text": text, "k": K, "metric": metric, "shortlist": K,
-                               "return_embedding": True}  # fmt: skip
-                    response = client.post("/search/text", json=request)
-                    assert response.status_code == 200, response.text
-                    answers[name, text, metric] = body = response.json()
-                    assert body["index_version"] == version and body["metric"] == metric
+                    answers[name, text, metric] = body = exact_search(client, text, metric)
+                    assert body["index_version"] == version
     for text in QUERIES:
         for metric in EXACT_METRICS:
-            got, want = answers["milvus", text, metric], answers["faiss", text, metric]
-            query = got["query"]
-            ids, distances = brute_force(
-                index_root / "image" / version, metric, query["mu"], query["logvar"], K
-            )
-            assert [hit["id"] for hit in got["results"]] == ids, (text, metric)
-            np.testing.assert_allclose(
-                [hit["distance"] for hit in got["results"]], distances, rtol=1e-4, atol=1e-5
-            )
-            assert got["results"] == want["results"]
+            got = answers["milvus", text, metric]
+            assert_brute_force(index_root, version, metric, got)
+            assert got["results"] == answers["faiss", text, metric]["results"]
+
+
+def test_a_milvus_lite_file_runs_reindex_activate_serve_search(artifacts, tmp_path) -> None:
+    root = copy_index_root(artifacts, tmp_path / "indexes")
+    uri = str(tmp_path / "milvus.db")
+    version = reindex_into_milvus(artifacts, root, uri)
+    settings = make_settings(
+        artifacts, root, galleries=["image"], shortlist_backend="milvus", milvus_uri=uri
+    )
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/readyz").status_code == 200
+        for metric in EXACT_METRICS:
+            body = exact_search(client, QUERIES[1], metric)
+            assert body["index_version"] == version
+            assert_brute_force(root, version, metric, body)
 
 
 def test_milvus_down_is_503_and_not_ready_then_recovers(artifacts, index_root, milvus) -> None:
