@@ -1,8 +1,9 @@
 """The Milvus shortlist backend: one collection per index version and metric family.
 
 Each collection holds a family's augmented gallery vectors (models.augmented) under the
-gallery row as primary key, so Milvus's L2 / inner-product search is the exact Gaussian
-metric once the per-query constant is added back. An alias per modality and family names
+gallery row as primary key, with the row's metadata as scalar fields (indexer.milvus_schema),
+so Milvus's L2 / inner-product search is the exact Gaussian metric once the per-query
+constant is added back. An alias per modality and family names
 the active version's collection; the service searches the collection of the version it
 serves (its rows must match that version's mu/logvar), never the alias, so a swap can never
 pair one version's rows with another's arrays. mu/logvar stay in the version dir.
