@@ -53,6 +53,7 @@ CPU_NODE = Hardware("CPU node, 32 cores, 128 GB", 32, 128.0, 1.0, 0.0)
 GPU_NODE = Hardware("GPU node, 1 x H100 80 GB", 1, 80.0, 1.0, 2.0)  # speedup: see plan()
 MEMORY_FRACTION = 0.7  # of a node's memory for shard indexes (the rest: OS, service, cache)
 UTILISATION = 0.5  # a shard server runs at most half busy, so queueing stays off the tail
+MIN_REPLICAS = 2  # one replica may be down (a node lost, a rolling upgrade) at any time
 MERGE_NETWORK_MS = 2.0  # per query: one network round trip to the shards and the k-way merge
 RAY_WORKERS = (100, 1000)
 
@@ -102,7 +103,7 @@ def plan_row(
     p50, p95 = p50_ms / hardware.speedup, p95_ms / hardware.speedup
     shards = math.ceil(target.items / shard_items)
     replica_qps = 1000.0 / p50 * UTILISATION
-    replicas = math.ceil(target.qps / replica_qps)
+    replicas = max(MIN_REPLICAS, math.ceil(target.qps / replica_qps))
     shard_gb = shard_items * bytes_per_item / GB
     per_node = min(hardware.servers, math.floor(hardware.memory_gb * MEMORY_FRACTION / shard_gb))
     nodes = math.ceil(shards * replicas / per_node) if per_node else 0
@@ -142,7 +143,7 @@ def plan(inputs: Inputs, target: Target) -> list[PlanRow]:
 
 def api_pods(inputs: Inputs, target: Target) -> int:
     """API pods (each with the benchmark's cores) for the target QPS at the measured point."""
-    return math.ceil(target.qps / inputs.api.qps)
+    return max(MIN_REPLICAS, math.ceil(target.qps / inputs.api.qps))
 
 
 def reindex_hours(items: int, workers: int, items_per_s: float) -> float:

@@ -62,6 +62,7 @@ def assumptions_table() -> list[str]:
         ("GPU shard cost", "the largest measured CPU shard scaled by sqrt(items), then / speedup"),
         ("memory for shard indexes", f"{sp.MEMORY_FRACTION:.0%} of the node's"),
         ("shard server utilisation", f"at most {sp.UTILISATION:.0%} (queueing off the tail)"),
+        ("replicas", f"at least {sp.MIN_REPLICAS}, whatever the QPS needs (availability)"),
         ("merge + network", f"{sp.MERGE_NETWORK_MS:g} ms per query"),
         ("API pod p99", "added whole to the shards' (an upper bound); its operating point is the"
          " busiest measured cell with p99 <= half the target"),

@@ -57,7 +57,8 @@ def test_memory_and_latency_limits() -> None:
     assert slow.p99_ms > 100 and not slow.meets
     gpu = Hardware("gpu", servers=1, memory_gb=10.0, speedup=10.0, wait_ms=2.0)
     fast = plan_row(gpu, 1_000_000, 1.0, 2.0, 1000.0, 0.0, TEN_MILLION)
-    assert fast.replicas == 1 and fast.replica_qps == pytest.approx(5000.0)
+    assert fast.replicas == 2  # 5000 QPS per replica: one would do, availability asks two
+    assert fast.replica_qps == pytest.approx(10000.0)
     assert fast.p99_ms == pytest.approx(0.3697 + 2.0 + 2.0, abs=1e-3)
 
 
