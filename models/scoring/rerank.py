@@ -39,6 +39,34 @@ class Ranked:
     logvar: torch.Tensor  # (M, D)
 
 
+@dataclass
+class RankedBatch:
+    """Q queries' shortlists after the exact re-rank, best first, padded to the longest (M).
+
+    Query q holds counts[q] entries; past them rows are -1, distances NaN and mu/logvar rows
+    of the gallery that mean nothing.
+    """
+
+    rows: np.ndarray  # (Q, M) int64 gallery rows
+    distances: torch.Tensor  # (Q, M) float32 exact distances, ascending
+    mu: torch.Tensor  # (Q, M, D) gallery means in the same order
+    logvar: torch.Tensor  # (Q, M, D)
+    counts: np.ndarray  # (Q,) int64
+
+    @classmethod
+    def of(cls, ranked: Ranked) -> RankedBatch:
+        """A batch holding one query's shortlist."""
+        return cls(
+            ranked.rows[None], ranked.distances[None], ranked.mu[None], ranked.logvar[None],
+            np.array([len(ranked.rows)], dtype=np.int64),
+        )  # fmt: skip
+
+    def query(self, q: int) -> Ranked:
+        """Query q's shortlist alone (views, no copy)."""
+        m = int(self.counts[q])
+        return Ranked(self.rows[q, :m], self.distances[q, :m], self.mu[q, :m], self.logvar[q, :m])
+
+
 def gather_rows(array: np.ndarray, rows: np.ndarray, device: torch.device) -> torch.Tensor:
     """float32 rows of a (possibly memory-mapped, float16) array as a tensor on `device`."""
     return torch.from_numpy(np.asarray(array[rows], dtype=np.float32)).to(device)
@@ -54,36 +82,88 @@ def exact_rerank(
     keep: int,
     device: torch.device,
 ) -> Ranked:
-    """Rank the candidate rows by the exact `metric` distance to the query; keep the best `keep`.
+    """rerank_batch of one query: mu_q, logvar_q (D,), candidate_rows (C,)."""
+    query = np.asarray(mu_q)[None], np.asarray(logvar_q)[None]  # (1, D) each
+    rows = np.asarray(candidate_rows).reshape(1, -1)  # (1, C)
+    return rerank_batch(metric, *query, gallery_mu, gallery_logvar, rows, keep, device).query(0)
+
+
+def rerank_batch(
+    metric: str,
+    mu_q: np.ndarray,
+    logvar_q: np.ndarray,
+    gallery_mu: np.ndarray,
+    gallery_logvar: np.ndarray,
+    candidate_rows: np.ndarray,
+    keep: int,
+    device: torch.device,
+) -> RankedBatch:
+    """Rank each query's candidate rows by the exact `metric` distance; keep the best `keep`.
 
     Args:
-        mu_q, logvar_q: the query, (D,).
+        mu_q, logvar_q: the queries, (Q, D).
         gallery_mu, gallery_logvar: the whole gallery (N, D), possibly memory-mapped float16.
-        candidate_rows: rows proposed by an index, (C,); -1 (padding) and repeats are dropped.
-    Ties are broken by the smaller row, so the order is that of a stable sort of the whole
-    gallery by distance. Distances are elementwise (not the pairwise matrix form), the same
-    numbers draw_distances gives, so the scores computed from them match everywhere.
+        candidate_rows: rows proposed by an index, (Q, C); -1 (padding) and repeats are dropped.
+    Ties are broken by the smaller row, so each query's order is that of a stable sort of the
+    whole gallery by distance. Distances are elementwise (not the pairwise matrix form), the
+    same numbers draw_distances gives, so the scores computed from them match everywhere; the
+    candidates of all queries go through one elementwise call, so a query's distances do not
+    depend on the rest of the batch.
     """
-    rows = np.unique(candidate_rows[candidate_rows >= 0]).astype(np.int64)  # (C',) ascending
-    mu_g = gather_rows(gallery_mu, rows, device)  # (C', D)
+    rows, counts = unique_rows(candidate_rows)  # (T,), (Q,)
+    mu_g = gather_rows(gallery_mu, rows, device)  # (T, D)
     logvar_g = gather_rows(gallery_logvar, rows, device)
-    mu_query = torch.from_numpy(np.asarray(mu_q, dtype=np.float32)).to(device)[None]  # (1, D)
-    logvar_query = torch.from_numpy(np.asarray(logvar_q, dtype=np.float32)).to(device)[None]
+    owner = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(device)  # (T,)
     distances = elementwise_distance(
         metric,
-        mu_query.expand_as(mu_g),
-        logvar_query.expand_as(mu_g),
+        _tensor(mu_q, device)[owner],
+        _tensor(logvar_q, device)[owner],
         mu_g,
         logvar_g,
         **distance_params(metric),
-    )  # (C',)
-    order = torch.sort(distances, stable=True).indices[:keep]  # (M,)
-    return Ranked(
-        rows=rows[order.cpu().numpy()],
-        distances=distances[order],
-        mu=mu_g[order],
-        logvar=logvar_g[order],
+    )  # (T,)
+    order, kept = _segment_order(distances, counts, keep)  # (Q, M) indices into T
+    valid = np.arange(order.shape[1])[None] < kept[:, None]  # (Q, M)
+    order = np.where(valid, order, 0)  # padding points at any row; M is 0 when T is
+    index = torch.from_numpy(order).to(device)
+    mask = torch.from_numpy(valid).to(device)
+    return RankedBatch(
+        rows=np.where(valid, rows[order], -1),
+        distances=distances[index].masked_fill(~mask, float("nan")),
+        mu=mu_g[index],
+        logvar=logvar_g[index],
+        counts=kept,
     )
+
+
+def unique_rows(candidate_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's distinct rows >= 0, ascending, all queries concatenated: (T,) int64, and
+    how many each query has, (Q,) int64."""
+    ordered = np.sort(np.asarray(candidate_rows, dtype=np.int64), axis=1)  # (Q, C)
+    fresh = np.ones(ordered.shape, dtype=bool)
+    fresh[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    wanted = fresh & (ordered >= 0)
+    return ordered[wanted], wanted.sum(axis=1)
+
+
+def _segment_order(
+    distances: torch.Tensor, counts: np.ndarray, keep: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, indices into the concatenated distances (T,) of its best `keep`, ascending
+    by a stable sort: (Q, M) int64 (M = min(keep, counts.max())), and how many are real, (Q,)."""
+    width = int(counts.max()) if len(counts) else 0
+    offsets = np.cumsum(counts) - counts  # (Q,)
+    slots = np.arange(width)[None] < counts[:, None]  # (Q, C')
+    # NaN padding sorts after every distance, NaN included, as the stable sort keeps ties in
+    # place: a query's order is the one it would get alone.
+    padded = torch.full((len(counts), width), float("nan"), device=distances.device)
+    padded[torch.from_numpy(slots).to(distances.device)] = distances
+    order = torch.sort(padded, dim=1, stable=True).indices[:, :keep].cpu().numpy()
+    return offsets[:, None] + order, np.minimum(counts, keep)
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(device)
 
 
 def draw_distances(
