@@ -8,8 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.gaussian import elementwise_distance
+from models.gaussian import broadcast_distance, elementwise_distance
 
+# Elements of one block of draw_distances' intermediates (float32: 512 KiB, inside L2): larger
+# blocks spill to memory and cost more per query than they save.
+DRAW_BLOCK_ELEMENTS = 1 << 17
 # Fixed noise for match_prob (a sampled distance), so that the same query ranks the same way.
 MATCH_PROB_SEED = 0
 
@@ -176,24 +179,22 @@ def draw_distances(
     """Distance of every MC draw of every query to each of its own candidates.
 
     mc_mu, mc_logvar: (L, Q, D) draws; candidate_mu, candidate_logvar: (Q, M, D), each query's
-    shortlist -> (L, Q, M). Computed elementwise, so memory is L * Q * M * D.
+    shortlist -> (L, Q, M). The closed forms broadcast (L, q, 1, D) against (1, q, M, D) for
+    blocks of q queries whose intermediates stay cache-sized (DRAW_BLOCK_ELEMENTS).
     """
     num_draws, num_queries, dim = mc_mu.shape
-    m = candidate_mu.shape[1]
-    device = candidate_mu.device
-
-    def queries(x: torch.Tensor) -> torch.Tensor:  # (L, Q, D) -> (L * Q * M, D)
-        return x.to(device, torch.float32)[:, :, None, :].expand(-1, -1, m, -1).reshape(-1, dim)
-
-    def candidates(x: torch.Tensor) -> torch.Tensor:  # (Q, M, D) -> (L * Q * M, D)
-        return x[None].expand(num_draws, -1, -1, -1).reshape(-1, dim)
-
-    distances = elementwise_distance(
-        metric,
-        queries(mc_mu),
-        queries(mc_logvar),
-        candidates(candidate_mu),
-        candidates(candidate_logvar),
-        **distance_params(metric),
-    )  # (L * Q * M,)
-    return distances.reshape(num_draws, num_queries, m)
+    per_query = max(1, num_draws * candidate_mu.shape[1] * dim)
+    step = max(1, DRAW_BLOCK_ELEMENTS // per_query)
+    mc_mu, mc_logvar = (x.to(candidate_mu.device, torch.float32) for x in (mc_mu, mc_logvar))
+    blocks = [
+        broadcast_distance(
+            metric,
+            mc_mu[:, q : q + step, None],  # (L, q, 1, D)
+            mc_logvar[:, q : q + step, None],
+            candidate_mu[None, q : q + step],  # (1, q, M, D)
+            candidate_logvar[None, q : q + step],
+            **distance_params(metric),
+        )  # (L, q, M)
+        for q in range(0, num_queries, step)
+    ]
+    return torch.cat(blocks, dim=1) if blocks else mc_mu.new_zeros((num_draws, 0, 0))

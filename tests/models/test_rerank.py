@@ -1,5 +1,7 @@
 """The batched exact re-rank and scores against plain per-query loops (hypothesis)."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,13 @@ from hypothesis import strategies as st
 
 from models.gaussian import METRICS, elementwise_distance
 from models.scoring.query_scores import shortlist_scores
-from models.scoring.rerank import distance_params, exact_rerank, rerank_batch, unique_rows
+from models.scoring.rerank import (
+    distance_params,
+    draw_distances,
+    exact_rerank,
+    rerank_batch,
+    unique_rows,
+)
 
 CPU = torch.device("cpu")
 D = 32  # a whole number of SIMD blocks per row, as the service's embeddings
@@ -132,3 +140,20 @@ def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metr
         for name, values in alone.available().items():
             assert together.get(name)[q] == values[0], name
         assert together.posterior[q].tolist() == alone.posterior[0].tolist()
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_draw_distances_are_the_elementwise_distances_of_each_pair(metric: str) -> None:
+    """The same bits as elementwise_distance (and so as the re-rank) for every draw, query and
+    candidate, across blocks of queries."""
+    rng = np.random.default_rng(5)
+    draws, queries, m = 3, 7, 11
+    mc_mu, mc_logvar = (torch.from_numpy(a.reshape(draws, queries, D)) for a in gaussians(21, rng))
+    cand_mu, cand_logvar = (torch.from_numpy(a.reshape(queries, m, D)) for a in gaussians(77, rng))
+    got = draw_distances(metric, mc_mu, mc_logvar, cand_mu, cand_logvar)  # (L, Q, M)
+    for l_, q in itertools.product(range(draws), range(queries)):
+        want = elementwise_distance(
+            metric, mc_mu[l_, q].expand(m, -1), mc_logvar[l_, q].expand(m, -1),
+            cand_mu[q], cand_logvar[q], **distance_params(metric),
+        )  # fmt: skip
+        assert torch.equal(got[l_, q], want), (l_, q)
