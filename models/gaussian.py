@@ -94,8 +94,8 @@ def broadcast_distance(
     """
     match = _validated_params(metric, params)
     tensors = [torch.as_tensor(t) for t in (mu_q, logvar_q, mu_g, logvar_g)]
-    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
     if match is not None:
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
         pairs = [t.expand(shape).reshape(-1, shape[-1]) for t in tensors]  # (P, D) each
         return elementwise_distance(metric, *pairs, **params).reshape(shape[:-1])
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32

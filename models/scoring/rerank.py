@@ -116,11 +116,10 @@ def rerank_batch(
     rows, counts = unique_rows(candidate_rows)  # (T,), (Q,)
     mu_g = gather_rows(gallery_mu, rows, device)  # (T, D)
     logvar_g = gather_rows(gallery_logvar, rows, device)
-    owner = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(device)  # (T,)
     distances = elementwise_distance(
         metric,
-        _tensor(mu_q, device)[owner],
-        _tensor(logvar_q, device)[owner],
+        _per_candidate(mu_q, counts, device),  # (T, D)
+        _per_candidate(logvar_q, counts, device),
         mu_g,
         logvar_g,
         **distance_params(metric),
@@ -156,17 +155,27 @@ def _segment_order(
     by a stable sort: (Q, M) int64 (M = min(keep, counts.max())), and how many are real, (Q,)."""
     width = int(counts.max()) if len(counts) else 0
     offsets = np.cumsum(counts) - counts  # (Q,)
-    slots = np.arange(width)[None] < counts[:, None]  # (Q, C')
-    # NaN padding sorts after every distance, NaN included, as the stable sort keeps ties in
-    # place: a query's order is the one it would get alone.
-    padded = torch.full((len(counts), width), float("nan"), device=distances.device)
-    padded[torch.from_numpy(slots).to(distances.device)] = distances
+    if (counts == width).all():
+        padded = distances.reshape(len(counts), width)  # (Q, C')
+    else:
+        # NaN padding sorts after every distance, NaN included, as the stable sort keeps ties
+        # in place: a query's order is the one it would get alone.
+        slots = np.arange(width)[None] < counts[:, None]  # (Q, C')
+        padded = torch.full((len(counts), width), float("nan"), device=distances.device)
+        padded[torch.from_numpy(slots).to(distances.device)] = distances
     order = torch.sort(padded, dim=1, stable=True).indices[:, :keep].cpu().numpy()
     return offsets[:, None] + order, np.minimum(counts, keep)
 
 
-def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(device)
+def _per_candidate(array: np.ndarray, counts: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Query q's row repeated counts[q] times: (Q, D) -> (T, D) float32, laid out the same for
+    any Q (an expanded view would round differently from a copy where D is no whole number of
+    SIMD blocks)."""
+    queries = torch.from_numpy(np.asarray(array, dtype=np.float32)).to(device)  # (Q, D)
+    if len(counts) and (counts == counts[0]).all():
+        rows = queries[:, None].expand(-1, int(counts[0]), -1).reshape(-1, queries.shape[1])
+        return rows.contiguous()  # a copy for one query too
+    return queries[torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(device)]
 
 
 def draw_distances(
