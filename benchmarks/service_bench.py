@@ -368,9 +368,10 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
 def warm_up(url: str, config: ServerConfig, art: Artifacts, gallery, args, nonce: str) -> None:
     """Unmeasured load on a fresh server before its first cell, split over its endpoints.
 
-    A server's first seconds under load are slower (lazy imports, first allocations of the
-    ONNX Runtime and torch arenas, the CPU caches), and without this the first server a run
-    starts measured 20-35% slower at c=1 than the next, whichever setting it had.
+    Takes first-use costs (lazy imports, the first allocations of ONNX Runtime's and torch's
+    arenas, cold caches) out of every server's first cell. On the idle machine the first
+    server a run started measured 20-35% slower at c=1 than the next, whichever setting it
+    had; on a loaded machine (cells +-10%) neither order nor this warm-up showed an effect.
     """
     if args.server_warmup <= 0:
         return
