@@ -275,19 +275,8 @@ def request_maker(cell: Cell, art: Artifacts, gallery: tuple | None, nonce: str)
 # ----- running cells -------------------------------------------------------------------------
 
 
-def measure(url: str, process: psutil.Process, cell: Cell, make, args) -> Measured:
-    async def drive() -> tuple:
-        connections = max(cell.concurrency, 256)
-        if args.client == "httpx":
-            limits = httpx.Limits(max_connections=connections)
-            async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-                return await load(httpx_sender(client))
-        host, port = url.removeprefix("http://").split(":")
-        client = RawHttpClient(host, int(port), connections)
-        try:
-            return await load(client.send)
-        finally:
-            await client.close()
+async def _drive(url: str, cell: Cell, make, args) -> tuple:
+    """Run one cell's load; (records, window start, window end)."""
 
     async def load(send) -> tuple:
         if cell.rate:
@@ -296,9 +285,23 @@ def measure(url: str, process: psutil.Process, cell: Cell, make, args) -> Measur
             send, make, cell.concurrency, args.warmup, args.duration, cell.concurrency
         )
 
+    connections = max(cell.concurrency, 256)
+    if args.client == "httpx":
+        limits = httpx.Limits(max_connections=connections)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+            return await load(httpx_sender(client))
+    host, port = url.removeprefix("http://").split(":")
+    client = RawHttpClient(host, int(port), connections)
+    try:
+        return await load(client.send)
+    finally:
+        await client.close()
+
+
+def measure(url: str, process: psutil.Process, cell: Cell, make, args) -> Measured:
     cpu_client, cpu_server = time.process_time(), sum(process.cpu_times()[:2])
     wall = time.perf_counter()
-    records, start, end = asyncio.run(drive())
+    records, start, end = asyncio.run(_drive(url, cell, make, args))
     wall = time.perf_counter() - wall
     measured = Measured(
         summarise(records, start, end),
@@ -346,6 +349,7 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
             started = time.perf_counter()
             with server(env, art.model, index_root, log_path) as (url, process):
                 print(f"server {config.name} ready in {time.perf_counter() - started:.1f} s")
+                warm_up(url, config, art, gallery, args, f"{nonce}w")
                 for background in sorted({c.background for c in unique if c.server == config}):
                     with background_load(background):
                         if not config.gallery and config != UNBATCHED_SERVER:
@@ -359,6 +363,26 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
                                 state.cells[cell] = measure(url, process, cell, make, args)
                 # Whether a thread setting took effect shows in the server's thread count.
                 state.server_threads[config.name] = process.num_threads()
+
+
+def warm_up(url: str, config: ServerConfig, art: Artifacts, gallery, args, nonce: str) -> None:
+    """Unmeasured load on a fresh server before its first cell, split over its endpoints.
+
+    Takes first-use costs (lazy imports, the first allocations of ONNX Runtime's and torch's
+    arenas, cold caches) out of every server's first cell. On the idle machine the first
+    server a run started measured 20-35% slower at c=1 than the next, whichever setting it
+    had; on a loaded machine (cells +-10%) neither order nor this warm-up showed an effect.
+    """
+    if args.server_warmup <= 0:
+        return
+    endpoints = ("embedding",) if config.gallery else ENDPOINTS
+    share = argparse.Namespace(
+        **{**vars(args), "warmup": 0.0, "duration": args.server_warmup / len(endpoints)}
+    )
+    for endpoint in endpoints:
+        cell = Cell(config, endpoint, 16, "miss", 4)
+        make = request_maker(cell, art, gallery, f"{nonce}{endpoint}")
+        asyncio.run(_drive(url, cell, make, share))
 
 
 def setting_env(setting: str) -> tuple[str, str]:
@@ -429,6 +453,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, help="measured seconds per cell (default 10)")
     parser.add_argument("--warmup", type=float, help="unmeasured seconds per cell (default 2)")
     parser.add_argument(
+        "--server-warmup",
+        type=float,
+        help="unmeasured seconds of load on each server before its first cell (default 10)",
+    )
+    parser.add_argument(
         "--open-duration",
         type=float,
         help="measured seconds of the open-loop cell (default 3 x duration)",
@@ -477,6 +506,7 @@ def parse_args() -> argparse.Namespace:
         "concurrency": "1,16" if quick else "1,4,16,64",
         "duration": 1.0 if quick else 10.0,
         "warmup": 0.3 if quick else 2.0,
+        "server_warmup": 3.0 if quick else 10.0,
         "gallery_size": 20_000 if quick else 1_000_000,
         "raw_iterations": 40 if quick else 300,
         "threads": "1,default" if quick else "1,2,default",

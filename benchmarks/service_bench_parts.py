@@ -21,7 +21,8 @@ from models.scoring.query_scores import shortlist_scores
 from models.scoring.rerank import exact_rerank
 from service.main import build_services
 from service.metrics import ServiceMetrics
-from service.searcher import DEFAULT_TEMPERATURE, default_shortlist
+from service.outcome import DEFAULT_TEMPERATURE
+from service.searcher import default_shortlist
 from service.settings import Settings
 
 PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")

@@ -259,6 +259,8 @@ def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start,
         f" at end: {' / '.join(f'{x:.2f}' for x in load_end)}; wall time {wall_s / 60:.1f} min",
         f"- artifacts: demo build in `{args.demo_dir}`"
         f" ({'SMALL_PLAN' if args.quick else 'DemoPlan()'})",
+        f"- each server: {args.server_warmup:g} s of unmeasured load (text, image, embedding;"
+        " 16 draws, c=4) after it is ready and before its first cell",
         f"- cells: {args.warmup:g} s warm-up, then {args.duration:g} s measured (open loop:"
         f" {args.open_duration:g} s); closed loop = c clients each sending its next request when"
         " the last is answered; latency percentiles over the requests started in the measured"

@@ -83,6 +83,25 @@ def elementwise_distance(
     return _ELEMENTWISE[metric](mu_q, logvar_q, mu_g, logvar_g)
 
 
+def broadcast_distance(
+    metric: str, mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor, **params
+) -> Tensor:
+    """elementwise_distance of inputs that broadcast against each other: (..., D) -> (...).
+
+    The closed forms run on the broadcast shapes, so a factor of one side only (sigma, the
+    precision) is computed once per item, not once per pair; match_prob expands to aligned
+    pairs. A pair's value is elementwise_distance's whenever D fills whole SIMD blocks.
+    """
+    match = _validated_params(metric, params)
+    tensors = [torch.as_tensor(t) for t in (mu_q, logvar_q, mu_g, logvar_g)]
+    if match is not None:
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        pairs = [t.expand(shape).reshape(-1, shape[-1]) for t in tensors]  # (P, D) each
+        return elementwise_distance(metric, *pairs, **params).reshape(shape[:-1])
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    return _ELEMENTWISE[metric](*(t.to(dtype) for t in tensors))
+
+
 # ---- input handling -------------------------------------------------------------------------
 
 

@@ -68,7 +68,9 @@ def mutual_information(distances: Tensor, temperature: float) -> Tensor:
     log_p = torch.log_softmax(-distances.double() / temperature, dim=-1)  # (L, Q, M)
     log_mean = torch.logsumexp(log_p, dim=0) - math.log(distances.shape[0])  # (Q, M)
     terms = torch.where(log_p > -math.inf, log_p.exp() * (log_p - log_mean), 0.0)  # (L, Q, M)
-    mi = terms.sum(dim=-1).mean(dim=0)  # (Q,)
+    # The mean over draws runs along a contiguous last dim, as it does for a single query:
+    # torch sums an outer dim in another order, which would move a query's last bit with Q.
+    mi = terms.sum(dim=-1).T.contiguous().mean(dim=-1)  # (Q,)
     # Exact MI lies in [0, ln M]; remove round-off outside it.
     dtype = distances.dtype if distances.is_floating_point() else torch.float32
     return mi.clamp(min=0.0, max=math.log(distances.shape[-1])).to(dtype)

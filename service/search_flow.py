@@ -11,6 +11,7 @@ from typing import Any
 
 from service.cache import cache_key
 from service.errors import IndexUnavailableError, InvalidQueryError
+from service.outcome import Outcome
 from service.schemas import (
     QueryInfo,
     RejectScoreInfo,
@@ -19,7 +20,7 @@ from service.schemas import (
     SearchResponse,
     Timings,
 )
-from service.searcher import GALLERY_OF_KIND, Outcome, Query, SearchParams, default_shortlist
+from service.searcher import GALLERY_OF_KIND, Query, SearchParams, default_shortlist
 from service.services import Services
 from service.settings import Settings
 

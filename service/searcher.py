@@ -1,16 +1,18 @@
 """The query pipeline: encode -> shortlist -> exact re-rank -> uncertainty (no HTTP here).
 
 `Searcher.search_batch` runs a micro-batch of queries in a worker thread: queries are encoded
-per kind, shortlisted together per (gallery, metric, size) with one index call, then each is
-re-ranked exactly and scored on its own shortlist. A query's failure is returned in its slot
-and never fails the others.
+per kind, shortlisted together per (gallery, shortlist metric, size) with one index call,
+re-ranked exactly per metric with one models.scoring call, and scored with one call per
+(result count, temperature, draw count). Every step computes each query's numbers as it would
+alone, so a query's answer does not depend on the rest of the batch. A query's failure is
+returned in its slot and never fails the others.
 """
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -21,17 +23,24 @@ from models.encoder_runtime import OnnxEncoder
 from models.gaussian import METRICS
 from models.pvse.max_pair import MAX_PAIR
 from models.scoring.query_scores import QueryScores, shortlist_scores
-from models.scoring.rerank import Ranked, exact_rerank
-from models.uncertainty import log_det, sample_gaussian
+from models.scoring.rerank import RankedBatch, rerank_batch
+from models.uncertainty import sample_gaussian
 from service.errors import IndexUnavailableError, InvalidQueryError
 from service.index_holder import IndexHolder, LoadedIndex
+from service.outcome import (
+    Hit,
+    Outcome,
+    QueryKind,
+    RejectScore,
+    ScoreSettings,
+    Uncertainty,
+    hit_lists,
+)
 from service.pvse_search import check_max_pair, max_pair_scores, rank_max_pair
 
-QueryKind = Literal["text", "image", "embedding"]
+_T = TypeVar("_T")
 # A text query searches the image gallery and an image query the caption gallery.
 GALLERY_OF_KIND: dict[str, str] = {"text": "image", "image": "text"}
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_REJECT_SCORE = "mutual_information"  # of a version that was never calibrated
 
 
 def default_shortlist(k: int) -> int:
@@ -77,69 +86,6 @@ class Encoded:
     encode_ms: float
     embeddings: np.ndarray | None = None  # (K, D) of a pvse encoder
     mc_embeddings: np.ndarray | None = None  # (L, K, D)
-
-
-@dataclass
-class Hit:
-    """One result."""
-
-    id: str
-    rank: int
-    score: float
-    distance: float
-    log_det: float
-    metadata: dict[str, Any]
-
-
-@dataclass
-class Uncertainty:
-    """The query's scores (models.scoring.query_scores) as numbers; None where not computed."""
-
-    log_det: float
-    entropy: float
-    mutual_information: float | None
-    feature_uncertainty: float | None
-    posterior_entropy: float
-
-    @classmethod
-    def of(cls, scores: QueryScores) -> "Uncertainty":
-        """The first query's scores."""
-        return cls(**{name: _first(scores.get(name)) for name in cls.__dataclass_fields__})
-
-
-def _first(values: np.ndarray | None) -> float | None:
-    return None if values is None else float(values[0])
-
-
-@dataclass
-class RejectScore:
-    """The score the service rejects with (chosen by calibration), its value and threshold."""
-
-    name: str
-    value: float | None
-    threshold: float | None
-
-    @property
-    def rejected(self) -> bool:
-        return self.value is not None and self.threshold is not None and self.value > self.threshold
-
-
-@dataclass
-class Outcome:
-    """Everything a search endpoint answers."""
-
-    kind: QueryKind
-    metric: str
-    index_version: str
-    temperature: float
-    reject_score: RejectScore
-    mc_samples: int
-    shortlist_size: int
-    uncertainty: Uncertainty
-    hits: list[Hit]
-    mu: np.ndarray
-    logvar: np.ndarray
-    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -259,26 +205,40 @@ class Searcher:
         positions: list[int],
         results: list,
     ) -> None:
-        plans: dict[tuple[str, int], list[_Plan]] = defaultdict(list)
+        plans: list[_Plan] = []
         for position in positions:
             try:
-                plan = self._plan(loaded, position, queries[position], encoded[position])
+                plans.append(self._plan(loaded, position, queries[position], encoded[position]))
             except InvalidQueryError as error:
                 results[position] = error
-                continue
-            plans[(plan.shortlist_metric, plan.size)].append(plan)
-        for (shortlist_metric, size), group in plans.items():
+        for (shortlist_metric, size), group in _grouped(
+            plans, lambda p: (p.shortlist_metric, p.size)
+        ).items():
             if shortlist_metric == MAX_PAIR:  # pvse: ranked exactly by indexer.multivector
                 for plan in group:
-                    results[plan.position] = self._finish(loaded, plan, np.empty(0, np.int64), 0.0)
-                continue
-            start = time.perf_counter()
-            mu_q = np.stack([p.encoded.mu for p in group]).astype(np.float32)  # (Q, D)
-            logvar_q = np.stack([p.encoded.logvar for p in group]).astype(np.float32)  # (Q, D)
-            _, rows = loaded.index.shortlist(shortlist_metric, mu_q, logvar_q, size)  # (Q, S')
-            shortlist_ms = 1000 * (time.perf_counter() - start)
-            for plan, candidate_rows in zip(group, rows, strict=True):
-                results[plan.position] = self._finish(loaded, plan, candidate_rows, shortlist_ms)
+                    results[plan.position] = self._finish_max_pair(loaded, plan)
+            else:
+                self._search_group(loaded, group, shortlist_metric, size, results)
+
+    def _search_group(
+        self,
+        loaded: LoadedIndex,
+        plans: list[_Plan],
+        shortlist_metric: str,
+        size: int,
+        results: list,
+    ) -> None:
+        """Queries of one shortlist index and size: one index call, then one pass per metric."""
+        start = time.perf_counter()
+        mu_q, logvar_q = _stacked(plans)  # (Q, D) each
+        _, rows = loaded.index.shortlist(shortlist_metric, mu_q, logvar_q, size)  # (Q, S')
+        shortlist_ms = _ms_since(start)
+        for same_metric in _grouped(list(enumerate(plans)), lambda item: item[1].metric).values():
+            members = [plan for _, plan in same_metric]
+            candidate_rows = rows[[i for i, _ in same_metric]]
+            outcomes = self._finish(loaded, members, candidate_rows, shortlist_ms)
+            for plan, outcome in zip(members, outcomes, strict=True):
+                results[plan.position] = outcome
 
     def shortlist_metric(self, metric: str) -> str:
         """The index a metric is shortlisted from: its own, or for metrics without an index
@@ -312,113 +272,148 @@ class Searcher:
         return _Plan(position, query, enc, metric, shortlist_metric, max(size, k))
 
     def _finish(
-        self, loaded: LoadedIndex, plan: _Plan, candidate_rows: np.ndarray, shortlist_ms: float
-    ) -> Outcome:
+        self, loaded: LoadedIndex, plans: list[_Plan], rows: np.ndarray, shortlist_ms: float
+    ) -> list[Outcome]:
+        """Re-rank, score and answer queries of one metric and shortlist size, all at once."""
         start = time.perf_counter()
         # The exact re-rank keeps `size` candidates: for min_kl the index returns the union
         # of two shortlists, which holds the exact top-`size`.
-        ranked = self._rank(loaded, plan, candidate_rows)
-        rerank_ms = 1000 * (time.perf_counter() - start)
-        return self._outcome(loaded, plan, ranked, shortlist_ms, rerank_ms)
-
-    def _rank(self, loaded: LoadedIndex, plan: _Plan, candidate_rows: np.ndarray) -> Ranked:
-        index = loaded.index
-        if plan.metric == MAX_PAIR:
-            assert plan.encoded.embeddings is not None
-            return rank_max_pair(index, plan.encoded.embeddings, plan.size, self.device)
-        return exact_rerank(
-            plan.metric,
-            plan.encoded.mu,
-            plan.encoded.logvar,
-            index.mu,
-            index.logvar,
-            candidate_rows,
-            plan.size,
+        index, (mu_q, logvar_q) = loaded.index, _stacked(plans)
+        ranked = rerank_batch(
+            plans[0].metric, mu_q, logvar_q, index.mu, index.logvar, rows, plans[0].size,
             self.device,
-        )
-
-    def _outcome(
-        self,
-        loaded: LoadedIndex,
-        plan: _Plan,
-        ranked: Ranked,
-        shortlist_ms: float,
-        rerank_ms: float,
-    ) -> Outcome:
-        index, params = loaded.index, plan.query.params
+        )  # fmt: skip
+        rerank_ms = _ms_since(start)
         start = time.perf_counter()
-        calibration = loaded.index.manifest.calibration.get(plan.metric)
-        temperature = params.temperature or (
-            calibration.temperature if calibration is not None else DEFAULT_TEMPERATURE
+        settings = [_score_settings(loaded, plan) for plan in plans]
+        scored = self._score_groups(plans, ranked, settings)
+        timings = {"shortlist": shortlist_ms, "rerank": rerank_ms, "uncertainty": _ms_since(start)}
+        hits = hit_lists(
+            index, ranked, [s.posterior[j] for s, j in scored], [p.query.params.k for p in plans]
         )
-        threshold = params.reject_threshold
-        if threshold is None and calibration is not None:
-            threshold = calibration.threshold
-        score_name = calibration.score if calibration is not None else DEFAULT_REJECT_SCORE
-        enc = plan.encoded
-        if plan.metric == MAX_PAIR:
-            scores = max_pair_scores(
-                index, enc.logvar, enc.mc_embeddings, enc.mc_mu, ranked, temperature
+        return [
+            _outcome(loaded, plan, setting, scores, j, int(count), hit_list, timings)
+            for plan, setting, (scores, j), count, hit_list in zip(
+                plans, settings, scored, ranked.counts, hits, strict=True
             )
-        else:
-            scores = self._scores(plan.metric, enc, ranked, temperature)
-        unc = Uncertainty.of(scores)
-        reject = RejectScore(score_name, _first(scores.get(score_name)), threshold)
-        uncertainty_ms = 1000 * (time.perf_counter() - start)
-        return Outcome(
-            kind=plan.query.kind,
-            metric=plan.metric,
-            index_version=loaded.version,
-            temperature=float(temperature),
-            reject_score=reject,
-            mc_samples=params.mc_samples,
-            shortlist_size=len(ranked.rows),
-            uncertainty=unc,
-            hits=self._hits(index, ranked, scores.posterior[0], params.k),
-            mu=enc.mu,
-            logvar=enc.logvar,
-            timings_ms={
-                "encode": enc.encode_ms,
-                "shortlist": shortlist_ms,
-                "rerank": rerank_ms,
-                "uncertainty": uncertainty_ms,
-            },
+        ]
+
+    def _score_groups(
+        self, plans: list[_Plan], ranked: RankedBatch, settings: list[ScoreSettings]
+    ) -> list[tuple[QueryScores, int]]:
+        """Each query's scores and its position in them: queries with as many results, the same
+        temperature and draw count are scored by one models.scoring call."""
+        scored: list[tuple[QueryScores, int]] = [None] * len(plans)  # type: ignore[list-item]
+        groups = _grouped(
+            list(range(len(plans))),
+            lambda i: (ranked.counts[i], settings[i].temperature, _draw_count(plans[i].encoded)),
         )
+        for members in groups.values():
+            m = int(ranked.counts[members[0]])
+            whole = len(members) == len(plans) and m == ranked.mu.shape[1]
+            index = slice(None) if whole else torch.as_tensor(members, device=ranked.mu.device)
+            candidates = (ranked.mu[index, :m], ranked.logvar[index, :m])  # (Q', m, D) each
+            encoded = [plans[i].encoded for i in members]
+            scores = self._scores(plans[0].metric, encoded, candidates, settings[members[0]])
+            for j, i in enumerate(members):
+                scored[i] = (scores, j)
+        return scored
 
-    def _scores(self, metric: str, enc: Encoded, ranked: Ranked, temperature: float) -> QueryScores:
-        """models.scoring's scores of one query over its re-ranked shortlist."""
+    def _scores(
+        self,
+        metric: str,
+        encoded: list[Encoded],
+        candidates: tuple[torch.Tensor, torch.Tensor],
+        setting: ScoreSettings,
+    ) -> QueryScores:
+        """models.scoring's scores of queries (with as many draws) over their shortlists."""
 
-        def tensor(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(self.device)
+        def tensor(arrays: list[np.ndarray], axis: int = 0) -> torch.Tensor:
+            stacked = np.stack(arrays, axis=axis).astype(np.float32, copy=False)
+            return torch.from_numpy(stacked).to(self.device)
 
-        query = (tensor(enc.mu)[None], tensor(enc.logvar)[None])  # (1, D) each
+        query = (tensor([e.mu for e in encoded]), tensor([e.logvar for e in encoded]))  # (Q, D)
         draws = None
-        if enc.mc_mu is not None and enc.mc_logvar is not None and len(enc.mc_mu) > 0:
-            draws = (tensor(enc.mc_mu)[:, None], tensor(enc.mc_logvar)[:, None])  # (L, 1, D)
-        candidates = (ranked.mu[None], ranked.logvar[None])  # (1, M, D) each
-        return shortlist_scores(metric, query, draws, candidates, temperature)
-
-    @staticmethod
-    def _hits(index: Any, ranked: Ranked, posterior: np.ndarray, k: int) -> list[Hit]:
-        rows = ranked.rows[:k]
-        metadata = index.metadata(rows.tolist())
-        distances = ranked.distances[:k].cpu().numpy()
-        result_log_det = log_det(ranked.logvar[:k]).cpu().numpy()
-        hits = []
-        for rank, (meta, distance) in enumerate(zip(metadata, distances, strict=True), start=1):
-            meta = dict(meta)
-            item_id = str(meta.pop("id"))
-            hits.append(
-                Hit(
-                    id=item_id,
-                    rank=rank,
-                    score=float(posterior[rank - 1]),
-                    distance=float(distance),
-                    log_det=float(result_log_det[rank - 1]),
-                    metadata=meta,
-                )
+        if _draw_count(encoded[0]) > 0:
+            draws = (
+                tensor([e.mc_mu for e in encoded], axis=1),  # type: ignore[misc]  # (L, Q, D)
+                tensor([e.mc_logvar for e in encoded], axis=1),  # type: ignore[misc]
             )
-        return hits
+        return shortlist_scores(metric, query, draws, candidates, setting.temperature)
+
+    def _finish_max_pair(self, loaded: LoadedIndex, plan: _Plan) -> Outcome:
+        """A pvse query: best-pair ranking and its scores, on its own."""
+        start = time.perf_counter()
+        assert plan.encoded.embeddings is not None
+        ranked = rank_max_pair(loaded.index, plan.encoded.embeddings, plan.size, self.device)
+        rerank_ms = _ms_since(start)
+        start = time.perf_counter()
+        setting, enc = _score_settings(loaded, plan), plan.encoded
+        scores = max_pair_scores(
+            loaded.index, enc.logvar, enc.mc_embeddings, enc.mc_mu, ranked, setting.temperature
+        )
+        timings = {"shortlist": 0.0, "rerank": rerank_ms, "uncertainty": _ms_since(start)}
+        batch = RankedBatch.of(ranked)
+        (hits,) = hit_lists(loaded.index, batch, [scores.posterior[0]], [plan.query.params.k])
+        return _outcome(loaded, plan, setting, scores, 0, len(ranked.rows), hits, timings)
+
+
+def _outcome(
+    loaded: LoadedIndex,
+    plan: _Plan,
+    setting: ScoreSettings,
+    scores: QueryScores,
+    j: int,
+    shortlist_size: int,
+    hits: list[Hit],
+    timings: dict[str, float],
+) -> Outcome:
+    """The answer of the query at position j of `scores`."""
+    values = scores.get(setting.score_name)
+    value = None if values is None else float(values[j])
+    return Outcome(
+        kind=plan.query.kind,
+        metric=plan.metric,
+        index_version=loaded.version,
+        temperature=setting.temperature,
+        reject_score=RejectScore(setting.score_name, value, setting.threshold),
+        mc_samples=plan.query.params.mc_samples,
+        shortlist_size=shortlist_size,
+        uncertainty=Uncertainty.at(scores, j),
+        hits=hits,
+        mu=plan.encoded.mu,
+        logvar=plan.encoded.logvar,
+        timings_ms={"encode": plan.encoded.encode_ms, **timings},
+    )
+
+
+def _score_settings(loaded: LoadedIndex, plan: _Plan) -> ScoreSettings:
+    params = plan.query.params
+    calibration = loaded.index.manifest.calibration.get(plan.metric)
+    return ScoreSettings.of(calibration, params.temperature, params.reject_threshold)
+
+
+def _grouped(items: Sequence[_T], key: Callable[[_T], Hashable]) -> dict[Hashable, list[_T]]:
+    """Items by key, each list in the items' order."""
+    groups: dict[Hashable, list[_T]] = defaultdict(list)
+    for item in items:
+        groups[key(item)].append(item)
+    return groups
+
+
+def _stacked(plans: Sequence[_Plan]) -> tuple[np.ndarray, np.ndarray]:
+    """The plans' query means and log-variances, (Q, D) float32 each."""
+    mu = np.stack([p.encoded.mu for p in plans]).astype(np.float32, copy=False)
+    logvar = np.stack([p.encoded.logvar for p in plans]).astype(np.float32, copy=False)
+    return mu, logvar
+
+
+def _draw_count(enc: Encoded) -> int:
+    return 0 if enc.mc_mu is None or enc.mc_logvar is None else len(enc.mc_mu)
+
+
+def _ms_since(start: float) -> float:
+    return 1000 * (time.perf_counter() - start)
 
 
 def _sample_embedding(query: Query) -> Encoded:

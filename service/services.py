@@ -8,8 +8,9 @@ from service.cache import ResultCache
 from service.image_decode import ImageDecoder
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
+from service.outcome import Outcome
 from service.redis_health import RedisHealth
-from service.searcher import Outcome, Query, Searcher
+from service.searcher import Query, Searcher
 from service.settings import Settings
 
 

@@ -13,10 +13,12 @@ embedding, draws and shortlist gets the same scores everywhere. Larger always me
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 
 from models.scoring.rerank import draw_distances
 from models.uncertainty import (
@@ -27,6 +29,11 @@ from models.uncertainty import (
     retrieval_posterior,
 )
 
+# The candidates are padded to a multiple of this many: torch computes exp and log of the
+# elements past a tensor's last whole SIMD block with scalar code, which rounds differently,
+# so without padding a query's scores would move in the last bit with the other queries of
+# the call (and the service's answer with its micro-batch).
+SIMD_BLOCK = 32
 SCORE_NAMES: tuple[str, ...] = (
     "log_det",
     "entropy",
@@ -118,19 +125,28 @@ def query_scores(
         mc_mu: (L, Q, D) means of the L MC draws, or None.
         mc_distances: (L, Q, M) distances of each draw to the same candidates, or None.
     """
-    distances = distances.double()
-    posterior = retrieval_posterior(distances, temperature)  # (Q, M)
+    num_candidates = distances.shape[-1]
+    posterior = retrieval_posterior(_padded(distances), temperature)  # (Q, M')
     feature = mi = None
     mean_posterior = posterior
     if mc_mu is not None and mc_distances is not None and mc_mu.shape[0] > 0:
         feature = feature_uncertainty(mc_mu.double()).cpu().numpy()
-        mi = mutual_information(mc_distances.double(), temperature).cpu().numpy()
-        mean_posterior = retrieval_posterior(mc_distances.double(), temperature).mean(dim=0)
+        padded = _padded(mc_distances)  # (L, Q, M')
+        mi = mutual_information(padded, temperature).clamp(max=math.log(num_candidates))
+        mi = mi.cpu().numpy()
+        mean_posterior = retrieval_posterior(padded, temperature).mean(dim=0)
     return QueryScores(
         log_det=log_det(logvar.double()).cpu().numpy(),
         entropy=entropy(logvar.double()).cpu().numpy(),
         feature_uncertainty=feature,
         mutual_information=mi,
         posterior_entropy=_entropy_of(mean_posterior).cpu().numpy(),
-        posterior=posterior.cpu().numpy(),
+        posterior=posterior[..., :num_candidates].cpu().numpy(),
     )
+
+
+def _padded(distances: torch.Tensor) -> torch.Tensor:
+    """float64 distances with +inf (probability 0) appended to a multiple of SIMD_BLOCK
+    candidates."""
+    extra = -distances.shape[-1] % SIMD_BLOCK
+    return F.pad(distances.double(), (0, extra), value=math.inf)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.gaussian import elementwise_distance, pairwise_distance
+from models.gaussian import METRICS, broadcast_distance, elementwise_distance, pairwise_distance
 from models.uncertainty import mutual_information
 
 LOGVAR_MIN, LOGVAR_MAX = math.log(1e-4), math.log(1e4)
@@ -118,3 +118,23 @@ def test_mutual_information_is_between_zero_and_log_m(distances, temperature):
 def test_mutual_information_is_zero_when_all_draws_agree(distances, temperature, num_draws):
     agreeing = distances[:1].expand(num_draws, -1, -1)  # the same posterior in every draw
     assert mutual_information(agreeing, temperature).abs().max().item() < 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(gaussian_batches(2), st.sampled_from(METRICS), st.integers(1, 3))
+def test_broadcast_distance_is_elementwise_over_the_broadcast_pairs(batches, metric, draws):
+    """(L, 1, N, D) draws against (1, N, D)-shaped items: each pair as elementwise gives it."""
+    (mu_q, logvar_q), (mu_g, logvar_g) = batches
+    mc_mu = torch.stack([mu_q + 0.1 * i for i in range(draws)])[:, None]  # (L, 1, N, D)
+    mc_logvar = logvar_q.expand(draws, 1, *logvar_q.shape)
+    params = {"seed": 3} if metric == "match_prob" else {}
+    got = broadcast_distance(metric, mc_mu, mc_logvar, mu_g[:, None], logvar_g[:, None], **params)
+    n = mu_q.shape[0]
+    assert got.shape == (draws, n, n)
+    for i in range(draws):
+        for a in range(n):
+            want = elementwise_distance(
+                metric, mc_mu[i, 0], mc_logvar[i, 0], mu_g[a].expand(n, -1),
+                logvar_g[a].expand(n, -1), **params,
+            )  # fmt: skip
+            torch.testing.assert_close(got[i, a], want, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,159 @@
+"""The batched exact re-rank and scores against plain per-query loops (hypothesis)."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.gaussian import METRICS, elementwise_distance
+from models.scoring.query_scores import shortlist_scores
+from models.scoring.rerank import (
+    distance_params,
+    draw_distances,
+    exact_rerank,
+    rerank_batch,
+    unique_rows,
+)
+
+CPU = torch.device("cpu")
+D = 32  # a whole number of SIMD blocks per row, as the service's embeddings
+
+
+def loop_rerank(metric, mu_q, logvar_q, gallery_mu, gallery_logvar, candidates, keep):
+    """One query: each distinct row's distance by its own call, sorted by (distance, row)."""
+    rows = sorted({int(r) for r in candidates if r >= 0})
+    distance = {
+        r: elementwise_distance(
+            metric,
+            torch.from_numpy(mu_q[None]),
+            torch.from_numpy(logvar_q[None]),
+            torch.from_numpy(gallery_mu[r : r + 1]),
+            torch.from_numpy(gallery_logvar[r : r + 1]),
+            **distance_params(metric),
+        ).item()
+        for r in rows
+    }
+    ranked = sorted(rows, key=lambda r: (distance[r], r))[:keep]
+    return ranked, [distance[r] for r in ranked]
+
+
+@st.composite
+def rerank_cases(draw):
+    """A small gallery with repeated items (exact ties), Q queries, candidate rows with
+    repeats and -1 padding, and a keep that may exceed a query's distinct candidates."""
+    size = draw(st.integers(1, 40))
+    queries = draw(st.integers(1, 6))
+    width = draw(st.integers(1, 30))
+    candidates = draw(
+        st.lists(
+            st.lists(st.integers(-1, size - 1), min_size=width, max_size=width),
+            min_size=queries,
+            max_size=queries,
+        )
+    )
+    keep = draw(st.integers(1, 35))
+    seed = draw(st.integers(0, 2**16))
+    metric = draw(st.sampled_from(METRICS))
+    return size, np.array(candidates, dtype=np.int64), keep, seed, metric
+
+
+def gaussians(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    mu = rng.standard_normal((count, D)).astype(np.float32)
+    logvar = (0.5 * rng.standard_normal((count, D))).astype(np.float32)
+    return mu, logvar
+
+
+@settings(max_examples=60, deadline=None)
+@given(rerank_cases())
+def test_rerank_batch_matches_a_loop_over_queries_and_rows(case) -> None:
+    size, candidates, keep, seed, metric = case
+    rng = np.random.default_rng(seed)
+    gallery_mu, gallery_logvar = gaussians(size, rng)
+    gallery_mu[size // 2 :] = gallery_mu[: size - size // 2]  # duplicated items tie exactly
+    gallery_logvar[size // 2 :] = gallery_logvar[: size - size // 2]
+    mu_q, logvar_q = gaussians(len(candidates), rng)
+    batch = rerank_batch(metric, mu_q, logvar_q, gallery_mu, gallery_logvar, candidates, keep, CPU)
+    for q, rows in enumerate(candidates):
+        want_rows, want_distances = loop_rerank(
+            metric, mu_q[q], logvar_q[q], gallery_mu, gallery_logvar, rows, keep
+        )
+        got = batch.query(q)
+        assert got.rows.tolist() == want_rows
+        assert got.distances.tolist() == pytest.approx(want_distances, rel=1e-6, abs=1e-6)
+        assert torch.equal(got.mu, torch.from_numpy(gallery_mu[want_rows]))
+        assert torch.equal(got.logvar, torch.from_numpy(gallery_logvar[want_rows]))
+        alone = exact_rerank(
+            metric, mu_q[q], logvar_q[q], gallery_mu, gallery_logvar, rows, keep, CPU
+        )
+        assert alone.rows.tolist() == want_rows
+        assert torch.equal(alone.distances, got.distances)
+    assert batch.rows.shape == (len(candidates), int(batch.counts.max(initial=0)))
+    assert (batch.rows[np.arange(batch.rows.shape[1])[None] >= batch.counts[:, None]] == -1).all()
+
+
+def test_unique_rows_drops_padding_and_repeats_per_query() -> None:
+    rows, counts = unique_rows(np.array([[5, -1, 5, 2], [-1, -1, -1, -1], [7, 0, 7, 7]]))
+    assert rows.tolist() == [2, 5, 0, 7]
+    assert counts.tolist() == [2, 0, 2]
+
+
+def test_a_query_without_candidates_gets_an_empty_shortlist() -> None:
+    rng = np.random.default_rng(0)
+    gallery = gaussians(10, rng)
+    batch = rerank_batch("kl", *gaussians(2, rng), *gallery, np.array([[-1, -1], [-1, -1]]), 5, CPU)
+    assert batch.counts.tolist() == [0, 0]
+    assert batch.mu.shape == (2, 0, D)
+    assert len(batch.query(1).rows) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(0, 8),
+    st.integers(1, 130),
+    st.sampled_from(METRICS),
+    st.integers(0, 2**16),
+)
+def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metric, seed) -> None:
+    """Q queries scored together get the very scores each gets alone (query_scores pads the
+    candidates to whole SIMD blocks)."""
+    rng = np.random.default_rng(seed)
+    mu, logvar = (torch.from_numpy(a) for a in gaussians(queries, rng))  # (Q, D)
+    mc_mu, mc_logvar = (
+        torch.from_numpy(a.reshape(draws, queries, D)) for a in gaussians(queries * draws, rng)
+    )  # (L, Q, D) each
+    candidates = [torch.from_numpy(a.reshape(queries, m, D)) for a in gaussians(queries * m, rng)]
+    together = shortlist_scores(
+        metric, (mu, logvar), (mc_mu, mc_logvar) if draws else None, tuple(candidates), 0.7
+    )
+    for q in range(queries):
+        alone = shortlist_scores(
+            metric,
+            (mu[q : q + 1], logvar[q : q + 1]),
+            (mc_mu[:, q : q + 1], mc_logvar[:, q : q + 1]) if draws else None,
+            (candidates[0][q : q + 1], candidates[1][q : q + 1]),
+            0.7,
+        )
+        for name, values in alone.available().items():
+            assert together.get(name)[q] == values[0], name
+        assert together.posterior[q].tolist() == alone.posterior[0].tolist()
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_draw_distances_are_the_elementwise_distances_of_each_pair(metric: str) -> None:
+    """The same bits as elementwise_distance (and so as the re-rank) for every draw, query and
+    candidate, across blocks of queries."""
+    rng = np.random.default_rng(5)
+    draws, queries, m = 3, 7, 11
+    mc_mu, mc_logvar = (torch.from_numpy(a.reshape(draws, queries, D)) for a in gaussians(21, rng))
+    cand_mu, cand_logvar = (torch.from_numpy(a.reshape(queries, m, D)) for a in gaussians(77, rng))
+    got = draw_distances(metric, mc_mu, mc_logvar, cand_mu, cand_logvar)  # (L, Q, M)
+    for l_, q in itertools.product(range(draws), range(queries)):
+        want = elementwise_distance(
+            metric, mc_mu[l_, q].expand(m, -1), mc_logvar[l_, q].expand(m, -1),
+            cand_mu[q], cand_logvar[q], **distance_params(metric),
+        )  # fmt: skip
+        assert torch.equal(got[l_, q], want), (l_, q)
