@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.datasets.photos import write_photos
 from models.datasets.shapes import generate_shapes
-from models.evaluate import EvalConfig, evaluate_model
-from models.train import train
+from models.evaluation.evaluate import EvalConfig, evaluate_model
+from models.training.train import train
 from service.demo import DemoPlan, demo_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.model_config import ModelConfig  # noqa: E402
+from models.networks.model_config import ModelConfig  # noqa: E402
 from service.image_decode import default_pixel_limit  # noqa: E402
 
 PROBSEARCH = Path(sys.executable).parent / "probsearch"

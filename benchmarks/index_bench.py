@@ -1,7 +1,7 @@
 """Index benchmark: build and query N synthetic Gaussians with each index type, per metric.
 
 Reports build time, index bytes per item, single-query latency and recall@10 against the
-exact top-10 (models.gaussian.pairwise_distance), both straight from the index and after an
+exact top-10 (models.distance.gaussian.pairwise_distance), both straight from the index and after an
 exact re-rank of a 100-item shortlist (what the service returns). Writes a markdown table with
 machine info, load average and the exact command to benchmarks/results/index_bench.md.
 
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from indexer.build import IndexPlan, build_family_index, default_memory_budget, plan_index
 from indexer.read_index import FamilyIndex, to_device
 from indexer.tuning import tune_search_params
-from models.augmented import candidate_families
-from models.gaussian import elementwise_distance, pairwise_distance
+from models.distance.augmented import candidate_families
+from models.distance.gaussian import elementwise_distance, pairwise_distance
 
 K = 10
 SHORTLIST = 100

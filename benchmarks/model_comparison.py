@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.datasets.photos import write_photos
 from models.datasets.shapes import generate_shapes
-from models.evaluate import EvalConfig, evaluate_model
-from models.evaluation_report import write_report
-from models.model_config import ModelConfig, TrainConfig
-from models.train import train
+from models.evaluation.evaluate import EvalConfig, evaluate_model
+from models.evaluation.report import write_report
+from models.networks.model_config import ModelConfig, TrainConfig
+from models.training.train import train
 
 
 @dataclass(frozen=True)
@@ -609,9 +609,9 @@ def setup_lines(
         "both R-Precisions, exact R@5), the "
         "best-on-val checkpoint; ModelConfig / TrainConfig defaults apart from the overrides in "
         "the training table.",
-        f"- evaluation: models.evaluate, {settings['mc_samples']} MC-dropout draws, scores over "
-        f"the top {settings['shortlist_size']}, T in {settings['temperatures']} chosen per score "
-        f"and direction on val; OOD: {info['photos']} real photographs.",
+        f"- evaluation: models.evaluation.evaluate, {settings['mc_samples']} MC-dropout draws, "
+        f"scores over the top {settings['shortlist_size']}, T in {settings['temperatures']} chosen "
+        f"per score and direction on val; OOD: {info['photos']} real photographs.",
         f"- machine: {os.cpu_count()}-core {cpu_model()}, torch {torch.__version__} on CPU with "
         f"1 thread, Python {platform.python_version()}; load average (1 min) "
         f"{info['load'][0]:.2f} at start, {info['load'][1]:.2f} at end (timings are indicative on "

@@ -25,10 +25,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.datasets.records import load_dataset
-from models.encoder_runtime import Embeddings, OnnxEncoder
-from models.preprocess import images_to_array, load_image
-from models.probabilistic_model import load_model
-from models.rejection_metrics import auroc
+from models.evaluation.rejection_metrics import auroc
+from models.networks.preprocess import images_to_array, load_image
+from models.networks.probabilistic_model import load_model
+from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 
 Features = dict[str, np.ndarray]  # train, test, photos
 

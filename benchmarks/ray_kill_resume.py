@@ -28,10 +28,10 @@ from indexer.registry import ActiveRegistry
 from indexer.store import open_version
 from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
-from models.export import export_encoders
-from models.model_config import VOCAB_FILE, ModelConfig
-from models.probabilistic_model import ProbabilisticModel
-from models.tokenizer import Tokenizer
+from models.networks.model_config import VOCAB_FILE, ModelConfig
+from models.networks.probabilistic_model import ProbabilisticModel
+from models.networks.tokenizer import Tokenizer
+from models.onnx.export import export_encoders
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES, CHUNK_ITEMS, KILLS = 400, 8, 5

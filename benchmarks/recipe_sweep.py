@@ -80,8 +80,8 @@ def run_recipe(recipe: Recipe, work_dir: Path, selection: Path, threads: int) ->
     """Train (unless cached) and score one recipe on the selection split."""
     import torch
 
-    from models.evaluate import EvalConfig, evaluate_model
-    from models.train import train
+    from models.evaluation.evaluate import EvalConfig, evaluate_model
+    from models.training.train import train
     from service.demo import DemoPlan, demo_model
 
     torch.set_num_threads(threads)

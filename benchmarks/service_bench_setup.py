@@ -185,7 +185,7 @@ def synthetic_gallery(work: Path, model: Path, count: int, metrics: tuple[str, .
     from indexer.publish import model_fingerprint, verify_version
     from indexer.registry import ActiveRegistry
     from indexer.store import served_metrics, write_arrays_and_metadata, write_version_indexes
-    from models.model_config import ModelConfig
+    from models.networks.model_config import ModelConfig
 
     dim = ModelConfig.load(model).embed_dim
     name, model_hash = model_fingerprint(model, "image")

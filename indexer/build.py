@@ -1,8 +1,8 @@
 """FAISS indexes from metric-native augmented vectors: type choice and build (the write side).
 
-One index per family (models.augmented). Exact mu/logvar never live in FAISS: the indexes only
-produce shortlists. Searching them is indexer.read_index; tuning their search parameters is
-indexer.tuning.
+One index per family (models.distance.augmented). Exact mu/logvar never live in FAISS: the
+indexes only produce shortlists. Searching them is indexer.read_index; tuning their search
+parameters is indexer.tuning.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import faiss
 import numpy as np
 
 from indexer.read_index import DuplicateGroups
-from models.augmented import augmented_dim, gallery_vectors, index_form
+from models.distance.augmented import augmented_dim, gallery_vectors, index_form
 
 INDEX_TYPES = ("auto", "flat", "ivf", "ivfsq", "hnsw", "ivfpq")
 COMPRESSED_TYPES = ("ivfsq", "ivfpq")  # codes reorder close neighbours: tuned for a shortlist

@@ -32,14 +32,14 @@ from models.datasets.records import (
     is_plausible_match,
     load_dataset,
 )
-from models.encoder_runtime import Embeddings, OnnxEncoder
-from models.preprocess import load_image
-from models.rejection_metrics import (
+from models.evaluation.rejection_metrics import (
     normalized_auprc,
     oracle_rejection,
     precision_coverage,
     random_rejection,
 )
+from models.networks.preprocess import load_image
+from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.scoring.query_scores import TEMPERATURE_SCORES, query_scores, shortlist_distances
 from models.scoring.rerank import Ranked, compute_device, exact_rerank
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from indexer.report import BadItem
 from indexer.sources import GalleryItem
-from models.preprocess import DEFAULT_MAX_PIXELS, InvalidImageError, decode_image
+from models.networks.preprocess import DEFAULT_MAX_PIXELS, InvalidImageError, decode_image
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ DUPLICATE_DETAIL = "an earlier item has the same id; kept the first"
 
 
 class Encoder(Protocol):
-    """What the embedder needs from models.encoder_runtime.OnnxEncoder."""
+    """What the embedder needs from models.onnx.encoder_runtime.OnnxEncoder."""
 
     embed_dim: int
 

@@ -1,6 +1,6 @@
 """The Milvus shortlist backend: one collection per index version and metric family.
 
-Each collection holds a family's augmented gallery vectors (models.augmented) under the
+Each collection holds a family's augmented gallery vectors (models.distance.augmented) under the
 gallery row as primary key, with the row's metadata as scalar fields (indexer.milvus_schema),
 so Milvus's L2 / inner-product search is the exact Gaussian metric once the per-query
 constant is added back. An alias per modality and family names
@@ -26,8 +26,8 @@ from indexer.build import family_vectors, row_batches
 from indexer.milvus_schema import ROW_FIELD, VECTOR_FIELD, create_collection, entities
 from indexer.read_index import DuplicateGroups
 from indexer.shortlist_backends import FamilySearcher, ShortlistUnavailableError
-from models.augmented import augmented_dim, index_form, query_vectors
-from models.augmented import scores_to_distances as to_distances
+from models.distance.augmented import augmented_dim, index_form, query_vectors
+from models.distance.augmented import scores_to_distances as to_distances
 
 if TYPE_CHECKING:
     from indexer.manifest import Manifest

@@ -54,7 +54,7 @@ from indexer.store import (
     write_arrays_and_metadata,
     write_version_indexes,
 )
-from models.gaussian import check_metric
+from models.distance.gaussian import check_metric
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,12 @@ class PublishResult:
 
 def model_fingerprint(model_dir: Path, modality: str) -> tuple[str, str]:
     """(model name, sha256 over model.json and the modality's ONNX encoder)."""
-    from models.model_config import IMAGE_ONNX_FILE, MODEL_FILE, TEXT_ONNX_FILE, ModelConfig
+    from models.networks.model_config import (
+        IMAGE_ONNX_FILE,
+        MODEL_FILE,
+        TEXT_ONNX_FILE,
+        ModelConfig,
+    )
 
     config = ModelConfig.load(model_dir)
     digest = hashlib.sha256()
@@ -216,7 +221,7 @@ def embed_source(job: ReindexJob, source: GallerySource, work_dir: Path) -> Embe
             max_caption_chars=job.max_caption_chars,
             progress=job.progress,
         )
-    from models.encoder_runtime import OnnxEncoder
+    from models.onnx.encoder_runtime import OnnxEncoder
 
     encoder = OnnxEncoder(job.model_dir, job.modality, job.device, job.batch_size)
     return embed_gallery(

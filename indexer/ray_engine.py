@@ -34,7 +34,7 @@ from indexer.embed import (
 )
 from indexer.report import BadItem
 from indexer.sources import GalleryItem
-from models.model_config import ModelConfig
+from models.networks.model_config import ModelConfig
 from models.threads import ThreadBudget, available_cpus
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class ChunkEmbedder:
         batch_size: int,
         max_caption_chars: int,
     ) -> None:
-        from models.encoder_runtime import OnnxEncoder
+        from models.onnx.encoder_runtime import OnnxEncoder
 
         self.encoder = OnnxEncoder(
             model_dir,

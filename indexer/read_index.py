@@ -12,7 +12,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from models.augmented import query_vectors, scores_to_distances
+from models.distance.augmented import query_vectors, scores_to_distances
 
 log = logging.getLogger(__name__)
 

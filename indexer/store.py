@@ -28,8 +28,8 @@ from indexer.multivector import EMBEDDINGS_FILE, open_multivector
 from indexer.read_index import DuplicateGroups, FamilyIndex, to_device
 from indexer.shortlist_backends import FaissBackend, ShortlistBackend
 from indexer.tuning import tune_search_params
-from models.augmented import INDEX_FAMILIES, candidate_families
-from models.gaussian import METRICS
+from models.distance.augmented import INDEX_FAMILIES, candidate_families
+from models.distance.gaussian import METRICS
 from models.scoring.rerank import exact_rerank
 
 log = logging.getLogger(__name__)

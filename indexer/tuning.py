@@ -15,7 +15,7 @@ from faiss.contrib.exhaustive_search import knn_ground_truth
 
 from indexer.build import COMPRESSED_TYPES, IndexPlan, family_vectors, row_batches
 from indexer.read_index import FamilyIndex
-from models.augmented import index_form, query_vectors
+from models.distance.augmented import index_form, query_vectors
 
 TARGET_RECALL = 0.98  # recall@10 that tuning aims for on sampled queries
 TUNING_QUERIES = 200

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from models.model_config import ModelConfig, TrainConfig
+from models.networks.model_config import ModelConfig, TrainConfig
 
 DEFAULT_MODEL = ModelConfig()
 DEFAULT_TRAINING = TrainConfig()
@@ -140,12 +140,12 @@ def train(
 ) -> None:
     """Train the encoders on DATA and write a model dir with ONNX encoders."""
     from models.datasets.records import DatasetError
-    from models.export import ExportError
-    from models.model_config import ConfigError
+    from models.networks.model_config import ConfigError
+    from models.onnx.export import ExportError
     from models.settings import ProbsearchSettings
     from models.threads import configure_torch_threads
-    from models.train import train as run_training
-    from models.training_data import TrainingDataError
+    from models.training.train import train as run_training
+    from models.training.training_data import TrainingDataError
 
     started = time.perf_counter()
     out = _model_dir(out, "--out")
@@ -205,8 +205,8 @@ def export(
     ] = None,
 ) -> None:
     """Export both encoders of MODEL_DIR to ONNX and check them against torch."""
-    from models.export import ExportError, export_model_dir
-    from models.model_config import ConfigError
+    from models.networks.model_config import ConfigError
+    from models.onnx.export import ExportError, export_model_dir
 
     model_dir = _model_dir(model_dir, "MODEL_DIR")
     try:

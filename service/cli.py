@@ -12,7 +12,7 @@ import typer
 from indexer.cli import app as indexer_app
 from models.cli import app as models_app
 from models.datasets.cli import app as data_app
-from models.evaluation_cli import eval_command
+from models.evaluation.cli import eval_command
 from service.commands import app as service_app
 
 app = typer.Typer(

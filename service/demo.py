@@ -24,8 +24,8 @@ from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
 from models.datasets.photos import write_photos
 from models.datasets.shapes import generate_shapes
-from models.model_config import ModelConfig, TrainConfig
-from models.train import train
+from models.networks.model_config import ModelConfig, TrainConfig
+from models.training.train import train
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Domain errors of the query service and the one table that maps them to HTTP status codes."""
 
 from indexer.shortlist_backends import ShortlistUnavailableError
-from models.preprocess import ImageTooLargeError, InvalidImageError
+from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 
 
 class ServiceError(Exception):

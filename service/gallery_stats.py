@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from indexer.store import IndexVersion
-from models.uncertainty import log_det
+from models.scoring.uncertainty import log_det
 
 MAX_SAMPLED_ROWS = 100_000  # larger galleries: evenly spaced rows, enough for a range
 

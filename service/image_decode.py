@@ -29,13 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image, UnidentifiedImageError
 
-from models.preprocess import ImageTooLargeError, InvalidImageError
+from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 
 # Default pixel limit: an image side of up to PIXEL_LIMIT_SIDE_FACTOR x the model's input side,
 # i.e. (32 * 64)^2 = 4.2 Mpx for a 64 x 64 model. JPEGs are limited after the draft reduction.
 PIXEL_LIMIT_SIDE_FACTOR = 32
 # Images are kept at no less than this multiple of the model's side after reduction, so the
-# final (anti-aliased) resize in models.preprocess still sees enough pixels.
+# final (anti-aliased) resize in models.networks.preprocess still sees enough pixels.
 KEEP_SIDE_FACTOR = 2
 
 

@@ -12,7 +12,7 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from models.preprocess import ImageTooLargeError, InvalidImageError
+from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 from service.errors import InvalidQueryError, PayloadTooLargeError, UnsupportedMediaTypeError
 from service.middleware import BodyReadTimeoutError
 from service.schemas import ImageSearchRequest, SearchOptions

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.preprocess import InvalidImageError, decode_image
+from models.networks.preprocess import InvalidImageError, decode_image
 from service.errors import ItemNotFoundError
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from indexer.publish import model_fingerprint
 from indexer.shortlist_backends import make_backend
 from indexer.store import IndexVersion
 from indexer.threads import apply_thread_budget
-from models.encoder_runtime import OnnxEncoder
-from models.model_config import ModelConfig
+from models.networks.model_config import ModelConfig
+from models.onnx.encoder_runtime import OnnxEncoder
 from models.scoring.rerank import compute_device
 from models.threads import thread_budget
 from service.auth_limit import FailedAuthLimiter

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from models.model_config import ConfigError, ModelConfig
+from models.networks.model_config import ConfigError, ModelConfig
 from service.settings import Settings
 
 SEARCH_PATHS = ("/search/text", "/search/image", "/search/embedding")

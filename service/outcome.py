@@ -9,7 +9,7 @@ import numpy as np
 from indexer.manifest import Calibration
 from models.scoring.query_scores import QueryScores
 from models.scoring.rerank import RankedBatch
-from models.uncertainty import log_det
+from models.scoring.uncertainty import log_det
 
 QueryKind = Literal["text", "image", "embedding"]
 DEFAULT_TEMPERATURE = 1.0

@@ -3,7 +3,7 @@ metrics it serves, and per gallery the active version and the range of item log-
 
 from pydantic import BaseModel, Field
 
-from models.gaussian import METRICS
+from models.distance.gaussian import METRICS
 from service.gallery_stats import GalleryStats
 from service.schemas import SearchOptions
 from service.services import Services

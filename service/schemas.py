@@ -2,7 +2,7 @@
 
 Distances and scores, once for the whole API:
 - `distance` is the exact distance of the requested metric between the query's Gaussian and
-  the result's Gaussian (models.gaussian; smaller is closer; results are sorted by it).
+  the result's Gaussian (models.distance.gaussian; smaller is closer; results are sorted by it).
 - `score` is the retrieval posterior of the result: softmax(-distance / T) over the whole
   shortlist, with T the temperature in force (`query.temperature`). It lies in [0, 1], larger
   is better, and the scores of all shortlist candidates sum to 1, so the scores of the
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from models.gaussian import METRICS
+from models.distance.gaussian import METRICS
 
 Metric = Literal[(*METRICS, "max_pair")]  # type: ignore[valid-type]  # max_pair: pvse
 Gallery = Literal["image", "text"]

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.augmented import INDEX_FAMILIES
-from models.encoder_runtime import OnnxEncoder
-from models.gaussian import METRICS
+from models.distance.augmented import INDEX_FAMILIES
+from models.distance.gaussian import METRICS
+from models.onnx.encoder_runtime import OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR
 from models.scoring.query_scores import QueryScores, shortlist_scores
 from models.scoring.rerank import RankedBatch, rerank_batch
-from models.uncertainty import sample_gaussian
+from models.scoring.uncertainty import sample_gaussian
 from service.errors import IndexUnavailableError, InvalidQueryError
 from service.index_holder import IndexHolder, LoadedIndex
 from service.outcome import (

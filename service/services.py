@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from models.encoder_runtime import OnnxEncoder
+from models.onnx.encoder_runtime import OnnxEncoder
 from service.batching import MicroBatcher
 from service.cache import ResultCache
 from service.image_decode import ImageDecoder

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from models.augmented import INDEX_FAMILIES
+from models.distance.augmented import INDEX_FAMILIES
 from models.settings import ProbsearchSettings
 
 Modality = Literal["image", "text"]

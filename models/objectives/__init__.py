@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.model_config import ModelConfig, TrainConfig
+from models.networks.model_config import ModelConfig, TrainConfig
 from models.objectives.hinge import hinge_triplet_loss, similarity_matrix
 from models.objectives.match_probability import pcme_loss, pcmepp_loss
 from models.objectives.regularizers import partner_spread_loss, uniformity_loss, vib_loss

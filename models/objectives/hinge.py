@@ -1,5 +1,5 @@
 """Hinge triplet losses (VSE++ hardest negative, or sum over negatives) on the similarity of
-each model type: -distance from models.gaussian, or cosine for the point baseline."""
+each model type: -distance from models.distance.gaussian, or cosine for the point baseline."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from models.gaussian import pairwise_distance
+from models.distance.gaussian import pairwise_distance
 
 Negatives = Literal["hardest", "sum"]
 NEGATIVES: tuple[str, ...] = ("hardest", "sum")
@@ -28,7 +28,7 @@ def similarity_matrix(
     "cosine" is the dot product of the (unit) means; any other metric gives
     -pairwise_distance(metric, image, caption), so kl is -KL(image || caption) as in
     Pishdad et al. For mahalanobis the Gaussian modality supplies the variance: captions
-    for gce, images for gie. `params` go to models.gaussian (match_prob's a, b, seed).
+    for gce, images for gie. `params` go to models.distance.gaussian (match_prob's a, b, seed).
     """
     if metric == "cosine":
         return image_mu @ caption_mu.T  # (N_img, N_cap)

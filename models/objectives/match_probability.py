@@ -6,7 +6,7 @@ with binary cross-entropy averaged over every (image, caption) pair of the batch
 papers' implementations do:
 
 - PCME: d is the Euclidean distance between samples, and p the mean of the sigmoid over J x J
-  sample pairs (models.gaussian's match_prob, which returns -ln p). The variance matters
+  sample pairs (models.distance.gaussian's match_prob, which returns -ln p). The variance matters
   because a vague embedding spreads its samples, and the mean sigmoid of a spread pair is
   neither near 1 nor near 0: the loss of an ambiguous pair falls when its variance grows.
 - PCME++: d is the closed-form sampled distance csd = ||mu_i - mu_j||^2 + sum sigma_i^2 +
@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from models.gaussian import pairwise_distance
+from models.distance.gaussian import pairwise_distance
 
 
 def positive_mask(num_images: int, caption_image: torch.Tensor) -> torch.Tensor:

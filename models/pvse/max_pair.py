@@ -1,7 +1,7 @@
 """The pvse match, written once: the best cosine over the K x K pairs of two items' unit
 embeddings, and the distance `max_pair` = 1 - that cosine (in [0, 2], smaller is closer).
 
-Training (models.pvse.losses), evaluation (models.evaluate), the multi-vector index
+Training (models.pvse.losses), evaluation (models.evaluation.evaluate), the multi-vector index
 (indexer.multivector) and the service (service.pvse_search) all call these functions.
 """
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from models.model_config import ModelConfig
-from models.probabilistic_model import Embedding, ProbabilisticModel
+from models.networks.model_config import ModelConfig
+from models.networks.probabilistic_model import Embedding, ProbabilisticModel
 from models.pvse.network import PvseImageEncoder, PvseOutput, PvseTextEncoder
 
 

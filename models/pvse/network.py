@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.heads import init_linear
-from models.image_encoder import ImageEncoder
-from models.model_config import ModelConfig
-from models.text_encoder import TextEncoder
+from models.networks.heads import init_linear
+from models.networks.image_encoder import ImageEncoder
+from models.networks.model_config import ModelConfig
+from models.networks.text_encoder import TextEncoder
 
 MASKED_SCORE = -1e4  # attention logit of a padding position (finite: exports without NaN)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from models.model_config import TrainConfig
+from models.networks.model_config import TrainConfig
 from models.pvse.losses import pvse_loss
 from models.pvse.max_pair import max_pair_similarity
 from models.pvse.model import PvseModel
-from models.training_data import SplitTensors, caption_batch, image_batch
+from models.training.training_data import SplitTensors, caption_batch, image_batch
 
 
 def pvse_batch_loss(

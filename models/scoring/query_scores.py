@@ -21,7 +21,7 @@ import torch
 from torch.nn import functional as F
 
 from models.scoring.rerank import draw_distances
-from models.uncertainty import (
+from models.scoring.uncertainty import (
     entropy,
     feature_uncertainty,
     log_det,

@@ -1,5 +1,5 @@
-"""Exact re-rank of a shortlist with a models.gaussian distance (torch, any device), and the
-distances of a query's MC draws to its shortlist."""
+"""Exact re-rank of a shortlist with a models.distance.gaussian distance (torch, any device),
+and the distances of a query's MC draws to its shortlist."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.gaussian import broadcast_distance, elementwise_distance
+from models.distance.gaussian import broadcast_distance, elementwise_distance
 
 # Elements of one block of draw_distances' intermediates (float32: 512 KiB, inside L2): larger
 # blocks spill to memory and cost more per query than they save.
@@ -28,7 +28,7 @@ def compute_device(setting: str = "auto") -> torch.device:
 
 
 def distance_params(metric: str) -> dict[str, int]:
-    """Extra models.gaussian parameters of a metric: match_prob's fixed noise seed."""
+    """Extra models.distance.gaussian parameters of a metric: match_prob's fixed noise seed."""
     return {"seed": MATCH_PROB_SEED} if metric == "match_prob" else {}
 
 

@@ -18,7 +18,7 @@ from indexer.build import (
 )
 from indexer.publish import verify_version
 from indexer.store import IndexVersion, open_version
-from models.gaussian import pairwise_distance
+from models.distance.gaussian import pairwise_distance
 from models.scoring.rerank import exact_rerank
 from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
 
@@ -38,7 +38,7 @@ def queries(gallery) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def exact(gallery, queries) -> dict[str, np.ndarray]:
-    """Brute-force distances (Q, N) in float64 from models.gaussian, per metric."""
+    """Brute-force distances (Q, N) in float64 from models.distance.gaussian, per metric."""
     as64 = [torch.from_numpy(a).double() for a in (*queries, *gallery)]
     return {m: pairwise_distance(m, *as64).numpy() for m in NATIVE_METRICS}
 

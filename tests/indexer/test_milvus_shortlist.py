@@ -22,7 +22,7 @@ from indexer.milvus_store import (
 )
 from indexer.shortlist_backends import make_backend
 from indexer.store import open_version
-from models.gaussian import pairwise_distance
+from models.distance.gaussian import pairwise_distance
 from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
 
 N, D, Q, K = 3000, 16, 40, 10

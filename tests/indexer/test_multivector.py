@@ -10,11 +10,11 @@ from indexer.multivector import MultiVectorError, MultiVectorIndex, best_pair_sc
 from indexer.publish import ReindexJob, run_reindex
 from indexer.store import open_version
 from models.datasets.records import load_dataset
-from models.encoder_runtime import OnnxEncoder
-from models.export import export_encoders
-from models.model_config import VOCAB_FILE, ModelConfig
+from models.networks.model_config import VOCAB_FILE, ModelConfig
+from models.networks.tokenizer import Tokenizer
+from models.onnx.encoder_runtime import OnnxEncoder
+from models.onnx.export import export_encoders
 from models.pvse.model import PvseModel
-from models.tokenizer import Tokenizer
 
 
 def unit(rng: np.random.Generator, *shape: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from indexer.cli import app
 from indexer.registry import ActiveRegistry, active_key
 from indexer.store import open_version
 from models.datasets.records import load_dataset
-from models.encoder_runtime import OnnxEncoder
+from models.onnx.encoder_runtime import OnnxEncoder
 from tests.indexer.synthetic import publish_synthetic
 
 runner = CliRunner()

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from models.datasets.shapes import generate_shapes
-from models.model_config import ModelConfig, TrainConfig
-from models.train import train
+from models.networks.model_config import ModelConfig, TrainConfig
+from models.training.train import train
 
 SHAPES_IMAGES = 1000  # 800 train / 100 val / 100 test images, 5 captions each
 TINY_MODEL = ModelConfig(model_type="gcie", metric="w2", covariance="ellipsoidal", embed_dim=16)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.augmented import (
+from models.distance.augmented import (
     FAMILIES,
     INDEX_FAMILIES,
     IndexForm,
@@ -17,7 +17,7 @@ from models.augmented import (
     query_vectors,
     scores_to_distances,
 )
-from models.gaussian import METRICS, UnknownMetricError, pairwise_distance
+from models.distance.gaussian import METRICS, UnknownMetricError, pairwise_distance
 
 K = 10
 

@@ -9,10 +9,10 @@ import torch
 from PIL import Image
 
 from models.datasets.records import load_dataset
-from models.encoder_runtime import EncoderRuntimeError, OnnxEncoder, choose_providers
-from models.preprocess import images_to_array, load_image
-from models.probabilistic_model import load_model
-from models.tokenizer import Tokenizer
+from models.networks.preprocess import images_to_array, load_image
+from models.networks.probabilistic_model import load_model
+from models.networks.tokenizer import Tokenizer
+from models.onnx.encoder_runtime import EncoderRuntimeError, OnnxEncoder, choose_providers
 
 TEXTS = [
     "a red circle",

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from models.heads import GaussianHeads, dropout_masks
-from models.model_config import COVARIANCES, MODEL_TYPES, ConfigError, ModelConfig
-from models.probabilistic_model import ProbabilisticModel
+from models.networks.heads import GaussianHeads, dropout_masks
+from models.networks.model_config import COVARIANCES, MODEL_TYPES, ConfigError, ModelConfig
+from models.networks.probabilistic_model import ProbabilisticModel
 
 VOCAB = 40
 

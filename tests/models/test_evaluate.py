@@ -12,8 +12,9 @@ from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
 from models.datasets.records import is_plausible_match, load_dataset
-from models.encoder_runtime import Embeddings
-from models.evaluate import (
+from models.distance.gaussian import pairwise_distance
+from models.evaluation.cli import app
+from models.evaluation.evaluate import (
     EvalConfig,
     PlausibleMatchRelevance,
     SplitEmbeddings,
@@ -23,10 +24,9 @@ from models.evaluate import (
     evaluate_direction,
     evaluate_model,
 )
-from models.evaluation_cli import app
-from models.evaluation_report import write_report
-from models.gaussian import pairwise_distance
-from models.uncertainty import mutual_information
+from models.evaluation.report import write_report
+from models.onnx.encoder_runtime import Embeddings
+from models.scoring.uncertainty import mutual_information
 
 CONFIG = EvalConfig(metrics=("w2", "kl"), mc_samples=3, seed=0, shortlist_size=20)
 

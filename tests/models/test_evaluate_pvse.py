@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from models.datasets.records import is_plausible_match, load_dataset
 from models.datasets.shapes import generate_shapes
-from models.encoder_runtime import Embeddings
-from models.evaluate import (
+from models.evaluation.cli import app
+from models.evaluation.evaluate import (
     EvalConfig,
     EvaluationError,
     SplitEmbeddings,
@@ -24,10 +24,10 @@ from models.evaluate import (
     evaluate_model,
     is_single_object,
 )
-from models.evaluation_cli import app
-from models.model_config import ModelConfig, TrainConfig
-from models.train import train
-from models.uncertainty import mutual_information
+from models.networks.model_config import ModelConfig, TrainConfig
+from models.onnx.encoder_runtime import Embeddings
+from models.scoring.uncertainty import mutual_information
+from models.training.train import train
 from tests.models.test_evaluate import brute_plausible, brute_recalls
 
 K = 3

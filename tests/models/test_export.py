@@ -12,10 +12,10 @@ import torch
 from typer.testing import CliRunner
 
 from models.cli import app
-from models.export import OPSET, export_encoders
-from models.heads import dropout_masks
-from models.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, ModelConfig
-from models.probabilistic_model import ProbabilisticModel
+from models.networks.heads import dropout_masks
+from models.networks.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, ModelConfig
+from models.networks.probabilistic_model import ProbabilisticModel
+from models.onnx.export import OPSET, export_encoders
 
 VOCAB = 30
 VARIANTS = [

@@ -10,8 +10,8 @@ from scipy import integrate, optimize, stats
 from scipy.spatial.distance import mahalanobis as scipy_mahalanobis
 from torch.distributions import Independent, Normal, kl_divergence
 
-from models import gaussian
-from models.gaussian import (
+from models.distance import gaussian
+from models.distance.gaussian import (
     METRICS,
     GaussianInputError,
     UnknownMetricError,

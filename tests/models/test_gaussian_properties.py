@@ -7,8 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.gaussian import METRICS, broadcast_distance, elementwise_distance, pairwise_distance
-from models.uncertainty import mutual_information
+from models.distance.gaussian import (
+    METRICS,
+    broadcast_distance,
+    elementwise_distance,
+    pairwise_distance,
+)
+from models.scoring.uncertainty import mutual_information
 
 LOGVAR_MIN, LOGVAR_MAX = math.log(1e-4), math.log(1e4)
 NON_NEGATIVE = ("kl", "kl_reverse", "js", "min_kl", "w2", "bhattacharyya")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from models.model_config import ModelConfig, TrainConfig
+from models.networks.model_config import ModelConfig, TrainConfig
 from models.objectives import BatchEmbeddings, batch_loss
 from models.objectives.hinge import hinge_triplet_loss
 from models.objectives.match_probability import (

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from models.model_config import ModelConfig
-from models.preprocess import (
+from models.networks.model_config import ModelConfig
+from models.networks.preprocess import (
     ImageTooLargeError,
     InvalidImageError,
     decode_image,
     images_to_array,
     load_image,
 )
-from models.tokenizer import PAD_ID, UNK_ID, Tokenizer, split_words
+from models.networks.tokenizer import PAD_ID, UNK_ID, Tokenizer, split_words
 
 
 def png_bytes(image: Image.Image) -> bytes:

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from models.datasets.shapes import generate_shapes
-from models.model_config import ConfigError, ModelConfig
+from models.networks.model_config import ConfigError, ModelConfig
 from models.objectives.hinge import hinge_triplet_loss
 from models.pvse.losses import diversity_loss, mmd_rbf, pvse_loss
 from models.pvse.max_pair import max_pair_similarity
@@ -149,8 +149,8 @@ def check_onnx_embeddings_match_torch(model_dir) -> None:
     import numpy as np
     from PIL import Image
 
-    from models.encoder_runtime import OnnxEncoder
-    from models.probabilistic_model import load_model
+    from models.networks.probabilistic_model import load_model
+    from models.onnx.encoder_runtime import OnnxEncoder
 
     model = load_model(model_dir)
     texts = OnnxEncoder(model_dir, "text").encode_texts(["a red circle", "blue"], mc_samples=3)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from models.rejection_metrics import (
+from models.evaluation.rejection_metrics import (
     PrecisionCoverage,
     accuracy_by_decile,
     auroc,

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.gaussian import METRICS, elementwise_distance
+from models.distance.gaussian import METRICS, elementwise_distance
 from models.scoring.query_scores import shortlist_scores
 from models.scoring.rerank import (
     distance_params,

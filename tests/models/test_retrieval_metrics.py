@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.retrieval_metrics import (
+from models.evaluation.retrieval_metrics import (
     GroupRelevance,
     LabelRelevance,
     count_top_hits,

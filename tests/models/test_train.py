@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from models.cli import app
 from models.datasets.records import is_plausible_match
 from models.datasets.shapes import generate_shapes
-from models.model_config import ModelConfig
-from models.train import TrainConfig, train
-from models.training_data import load_splits
+from models.networks.model_config import ModelConfig
+from models.training.train import TrainConfig, train
+from models.training.training_data import load_splits
 
 from .conftest import TINY_TRAINING
 

@@ -8,7 +8,7 @@ import torch
 from scipy.special import softmax
 from torch.distributions import Independent, Normal
 
-from models.uncertainty import (
+from models.scoring.uncertainty import (
     UncertaintyInputError,
     entropy,
     feature_uncertainty,

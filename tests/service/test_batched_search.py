@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from indexer.store import IndexVersion
-from models.encoder_runtime import OnnxEncoder
+from models.onnx.encoder_runtime import OnnxEncoder
 from service.errors import InvalidQueryError
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics

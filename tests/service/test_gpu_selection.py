@@ -8,7 +8,7 @@ import onnxruntime
 import torch
 
 from indexer import store
-from models.encoder_runtime import choose_providers
+from models.onnx.encoder_runtime import choose_providers
 from models.scoring.rerank import compute_device
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"

@@ -8,7 +8,7 @@ import time
 import pytest
 from PIL import Image
 
-from models.preprocess import ImageTooLargeError, InvalidImageError
+from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 from service import image_decode
 from service.image_decode import ImageDecoder, decode_bounded, default_pixel_limit
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from indexer.multivector import MultiVectorIndex
-from models.encoder_runtime import Embeddings
-from models.evaluate import EvalConfig, direction_scores, distance_chunks
+from models.evaluation.evaluate import EvalConfig, direction_scores, distance_chunks
+from models.onnx.encoder_runtime import Embeddings
 from service.pvse_search import max_pair_scores, rank_max_pair
 
 K, D, DRAWS, TOP = 3, 8, 4, 12

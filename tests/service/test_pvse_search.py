@@ -12,7 +12,7 @@ import pytest
 
 from indexer.registry import ActiveRegistry
 from models.datasets.shapes import generate_shapes
-from models.encoder_runtime import OnnxEncoder
+from models.onnx.encoder_runtime import OnnxEncoder
 from service.settings import Settings
 from tests.service.conftest import ServerThread, probsearch
 

@@ -9,8 +9,8 @@ import torch
 
 from indexer.calibration import candidate_name, query_scores_by_candidate
 from indexer.store import IndexVersion
-from models.encoder_runtime import Embeddings
-from models.evaluate import EvalConfig, direction_scores, distance_chunks
+from models.evaluation.evaluate import EvalConfig, direction_scores, distance_chunks
+from models.onnx.encoder_runtime import Embeddings
 from models.scoring.query_scores import SCORE_NAMES
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics

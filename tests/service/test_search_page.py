@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from indexer.store import open_version
-from models.model_config import ModelConfig
+from models.networks.model_config import ModelConfig
 from service.gallery_stats import log_det_range
 from tests.service.conftest import Artifacts
 
@@ -80,7 +80,7 @@ def test_config_has_the_service_defaults_and_the_galleries_log_det_range(
     assert {g: s["version"] for g, s in config["galleries"].items()} == expected_versions
     for gallery, version in expected_versions.items():
         logvar = np.load(artifacts.index_root / gallery / version / "logvar.npy")  # (N, D)
-        log_dets = logvar.astype(np.float64).sum(axis=1)  # independent of models.uncertainty
+        log_dets = logvar.astype(np.float64).sum(axis=1)  # not models.scoring.uncertainty's
         summary = config["galleries"][gallery]
         assert summary["count"] == summary["log_det_rows"] == len(logvar)
         assert summary["log_det_low"] == pytest.approx(log_dets.min(), rel=1e-5)

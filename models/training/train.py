@@ -16,28 +16,34 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from models.export import export_encoders
-from models.heads import fraction_at_bound
-from models.model_config import CHECKPOINT_FILE, VOCAB_FILE, ConfigError, ModelConfig, TrainConfig
-from models.objectives import BatchEmbeddings, batch_loss
-from models.objectives.hinge import similarity_matrix
-from models.probabilistic_model import (
+from models.evaluation.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
+from models.networks.heads import fraction_at_bound
+from models.networks.model_config import (
+    CHECKPOINT_FILE,
+    VOCAB_FILE,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+)
+from models.networks.probabilistic_model import (
     ProbabilisticModel,
     build_model,
     load_model,
     save_checkpoint,
 )
+from models.networks.tokenizer import Tokenizer
+from models.objectives import BatchEmbeddings, batch_loss
+from models.objectives.hinge import similarity_matrix
+from models.onnx.export import export_encoders
 from models.pvse.training import pvse_batch_loss, pvse_similarity
-from models.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
-from models.tokenizer import Tokenizer
-from models.training_data import (
+from models.scoring.uncertainty import log_det
+from models.training.training_data import (
     SplitTensors,
     caption_batch,
     epoch_batches,
     image_batch,
     load_splits,
 )
-from models.uncertainty import log_det
 
 LAST_STATE_FILE = "last.pt"  # optimizer + model state after the latest epoch (for --resume)
 HISTORY_FILE = "history.json"  # one report per epoch

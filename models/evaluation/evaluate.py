@@ -1,5 +1,5 @@
 """Evaluation of a model dir on a dataset split: retrieval, rejection, uncertainty and the crop
-experiment, as one JSON-ready report (models.evaluation_report renders it)."""
+experiment, as one JSON-ready report (models.evaluation.report renders it)."""
 
 from __future__ import annotations
 
@@ -21,27 +21,27 @@ from models.datasets.records import (
     load_dataset,
     plausible_match_matrix,
 )
-from models.encoder_runtime import Embeddings, OnnxEncoder
-from models.gaussian import (
+from models.distance.gaussian import (
     UnknownMetricError,
     check_metric,
     elementwise_distance,
     pairwise_distance,
 )
-from models.heads import fraction_at_bound
-from models.preprocess import load_image
-from models.pvse.max_pair import MAX_PAIR, max_pair_distance, shortlist_max_pair_distance
-from models.rejection_metrics import auroc, rejection_summary, spearman
-from models.retrieval_metrics import (
+from models.evaluation.rejection_metrics import auroc, rejection_summary, spearman
+from models.evaluation.retrieval_metrics import (
     DistanceChunk,
     GroupRelevance,
     pmrp_relevances,
     rank_queries,
     summarize_ranking,
 )
+from models.networks.heads import fraction_at_bound
+from models.networks.preprocess import load_image
+from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
+from models.pvse.max_pair import MAX_PAIR, max_pair_distance, shortlist_max_pair_distance
 from models.scoring.query_scores import TEMPERATURE_SCORES, query_scores, shortlist_distances
 from models.scoring.rerank import compute_device, gather_rows
-from models.uncertainty import log_det
+from models.scoring.uncertainty import log_det
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ class EvaluationError(ValueError):
 
 
 def check_eval_metric(metric: str) -> str:
-    """`metric` if eval can rank with it: a models.gaussian metric, or max_pair (pvse models:
-    1 - the best cosine over the K x K embedding pairs); UnknownMetricError otherwise."""
+    """`metric` if eval can rank with it: a models.distance.gaussian metric, or max_pair (pvse
+    models: 1 - the best cosine over the K x K embedding pairs); UnknownMetricError otherwise."""
     if metric == MAX_PAIR:
         return metric
     try:
@@ -442,7 +442,7 @@ def evaluate_model(
     split: str = "test",
     config: EvalConfig | None = None,
 ) -> dict:
-    """Every evaluation of issue 6 on one split, as a JSON-ready dict (see evaluation_report)."""
+    """Every evaluation of issue 6 on one split, as a JSON-ready dict (see models.evaluation.report)."""
     config = config or EvalConfig()
     model_dir = Path(model_dir)
     dataset = load_dataset(data_dir, split)

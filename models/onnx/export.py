@@ -3,14 +3,14 @@
 Graph inputs and outputs (every size but D, F, E, H and the image size is dynamic):
 
 image_encoder.onnx
-  images      float32 (N, 3, image_size, image_size)  normalised pixels (models.preprocess)
+  images      float32 (N, 3, image_size, image_size)  normalised pixels (models.networks.preprocess)
   dropout_masks float32 (S, N, sum(cnn_channels) + image_features)
                                                          channel multipliers of each conv
                                                          block, then feature multipliers
   -> mu, logvar float32 (S * N, D); pvse adds embeddings float32 (S * N, K, D)
 
 text_encoder.onnx
-  token_ids   int64 (N, T)                               models.tokenizer ids, 0-padded
+  token_ids   int64 (N, T)                               models.networks.tokenizer ids, 0-padded
   lengths     int64 (N,)                                 tokens per caption, 1 <= length <= T
   word_masks  float32 (S, N, T, word_dim)                dropout multipliers on word embeddings
   head_masks  float32 (S, N, text_hidden)                dropout multipliers before the heads
@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.heads import dropout_masks
-from models.model_config import IMAGE_ONNX_FILE, OPSET, TEXT_ONNX_FILE
-from models.probabilistic_model import ProbabilisticModel, load_model
+from models.networks.heads import dropout_masks
+from models.networks.model_config import IMAGE_ONNX_FILE, OPSET, TEXT_ONNX_FILE
+from models.networks.probabilistic_model import ProbabilisticModel, load_model
 
 PARITY_ATOL = 1e-4
 

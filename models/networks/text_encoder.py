@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.heads import GaussianHeads, init_linear
-from models.model_config import ModelConfig
-from models.tokenizer import PAD_ID
+from models.networks.heads import GaussianHeads, init_linear
+from models.networks.model_config import ModelConfig
+from models.networks.tokenizer import PAD_ID
 
 
 class TextEncoder(nn.Module):

@@ -17,7 +17,7 @@ MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
 COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-one-value")
 
 # Similarities the training loss supports per model type (the loss uses -distance for the
-# Gaussian metrics of models.gaussian and the dot product of unit means for "cosine").
+# Gaussian metrics of models.distance.gaussian and the dot product of unit means for "cosine").
 TRAIN_METRICS: dict[str, tuple[str, ...]] = {
     "gcie": (
         "w2",
@@ -141,7 +141,7 @@ class ModelConfig:
 
     @property
     def search_metric(self) -> str:
-        """The models.gaussian metric the service should rank with by default."""
+        """The models.distance.gaussian metric the service should rank with by default."""
         return "w2" if self.metric == "cosine" else self.metric
 
     @property

@@ -12,11 +12,11 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from models.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, VOCAB_FILE, ModelConfig
-from models.preprocess import images_to_array
+from models.networks.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, VOCAB_FILE, ModelConfig
+from models.networks.preprocess import images_to_array
+from models.networks.tokenizer import Tokenizer
 from models.settings import ProbsearchSettings
 from models.threads import ThreadBudget, thread_budget
-from models.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

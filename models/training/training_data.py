@@ -17,9 +17,14 @@ from models.datasets.records import (
     load_dataset,
     plausible_match_matrix,
 )
-from models.model_config import ModelConfig
-from models.preprocess import InvalidImageError, load_image, normalize_uint8, resize_to_uint8
-from models.tokenizer import Tokenizer
+from models.networks.model_config import ModelConfig
+from models.networks.preprocess import (
+    InvalidImageError,
+    load_image,
+    normalize_uint8,
+    resize_to_uint8,
+)
+from models.networks.tokenizer import Tokenizer
 
 
 class TrainingDataError(ValueError):

@@ -8,9 +8,14 @@ from typing import Annotated
 
 import typer
 
-from models.evaluate import EvalConfig, EvaluationError, check_eval_metric, evaluate_model
-from models.evaluation_report import markdown_report, write_report
-from models.gaussian import UnknownMetricError
+from models.distance.gaussian import UnknownMetricError
+from models.evaluation.evaluate import (
+    EvalConfig,
+    EvaluationError,
+    check_eval_metric,
+    evaluate_model,
+)
+from models.evaluation.report import markdown_report, write_report
 from models.settings import ProbsearchSettings
 from models.threads import configure_torch_threads
 

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from models.gaussian import check_metric
+from models.distance.gaussian import check_metric
 
 INDEX_FAMILIES: dict[str, str | tuple[str, ...]] = {
     "w2": "w2",

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from models.model_config import ModelConfig
+from models.networks.model_config import ModelConfig
 
 
 def dropout_masks(

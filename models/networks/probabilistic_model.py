@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.heads import dropout_masks
-from models.image_encoder import ImageEncoder
-from models.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
-from models.text_encoder import TextEncoder
+from models.networks.heads import dropout_masks
+from models.networks.image_encoder import ImageEncoder
+from models.networks.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
+from models.networks.text_encoder import TextEncoder
 
 Embedding = tuple[torch.Tensor, torch.Tensor]  # (mu, logvar), each (S * N, D)
 INITIAL_MATCH_SCALE = 5.0  # PCME's initial a and b on CUB; learned from there

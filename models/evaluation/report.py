@@ -1,4 +1,5 @@
-"""Render an evaluation report (models.evaluate) as JSON, Markdown and PNG plots (Agg backend)."""
+"""Render an evaluation report (models.evaluation.evaluate) as JSON, Markdown and PNG plots
+(Agg backend)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ import itertools
 import torch
 from torch import nn
 
-from models.heads import GaussianHeads, init_linear
-from models.model_config import ModelConfig
+from models.networks.heads import GaussianHeads, init_linear
+from models.networks.model_config import ModelConfig
 
 POOLED_GRID = 4  # the last feature map is average-pooled to 4x4 (keeps coarse layout)
 

@@ -1,5 +1,5 @@
 """Input preprocessing shared by training, the indexer and the service: image decode, resize,
-normalise; caption tokenisation (models.tokenizer)."""
+normalise; caption tokenisation (models.networks.tokenizer)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from models.model_config import ModelConfig
-from models.tokenizer import Tokenizer
+from models.networks.model_config import ModelConfig
+from models.networks.tokenizer import Tokenizer
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",

@@ -1,0 +1,1 @@
+"""The Gaussian distance math: closed forms, and the augmented vectors FAISS searches."""

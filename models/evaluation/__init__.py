@@ -1,0 +1,1 @@
+"""Evaluation: retrieval and rejection metrics, the evaluation pipeline, its report and CLI."""

@@ -1,0 +1,1 @@
+"""The encoders: image and text trunks, Gaussian heads, tokenizer, preprocessing, config."""

@@ -1,0 +1,1 @@
+"""Training: the loop, early stopping and the batches it draws."""
