@@ -442,7 +442,8 @@ def evaluate_model(
     split: str = "test",
     config: EvalConfig | None = None,
 ) -> dict:
-    """Every evaluation of issue 6 on one split, as a JSON-ready dict (see models.evaluation.report)."""
+    """Every evaluation of issue 6 on one split, as a JSON-ready dict (models.evaluation.report
+    renders it)."""
     config = config or EvalConfig()
     model_dir = Path(model_dir)
     dataset = load_dataset(data_dir, split)
