@@ -44,6 +44,8 @@ class Recipe:
 WIDE = {"cnn_channels": (32, 64, 128, 256), "image_features": 256}
 WIDER = {"cnn_channels": (64, 128, 256, 256), "image_features": 256}
 PLAUSIBLE = {"positives": "plausible"}
+OBJECTS = {"image_pooling": "objects"}
+MAXPOOL_OBJECTS = {**OBJECTS, "cnn_downsample": "maxpool", "stem_stride": 1}
 # fmt: off
 RECIPES: tuple[Recipe, ...] = (
     Recipe("base"),
@@ -63,6 +65,14 @@ RECIPES: tuple[Recipe, ...] = (
            training={**PLAUSIBLE, "epochs": 40, "patience": 8}),
     Recipe("n20k-wide-plausible-25", images=20000, model=WIDE,
            training={**PLAUSIBLE, "epochs": 25, "patience": 8}),
+    Recipe("objects", model=OBJECTS),
+    Recipe("objects-plausible", model=OBJECTS, training=PLAUSIBLE),
+    Recipe("labels", training={"label_weight": 1.0}),
+    Recipe("labels-0.3", training={"label_weight": 0.3}),
+    Recipe("mp1-objects", model=MAXPOOL_OBJECTS),
+    Recipe("mp2-objects", model={**OBJECTS, "cnn_downsample": "maxpool"}),
+    Recipe("mp1-objects-labels", model=MAXPOOL_OBJECTS, training={"label_weight": 0.3}),
+    Recipe("mp1-objects-30", model=MAXPOOL_OBJECTS, training={"epochs": 30}),
 )
 # fmt: on
 

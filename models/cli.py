@@ -128,6 +128,18 @@ def train(
     num_embeds: Annotated[
         int, typer.Option(help="pvse: K embeddings per item")
     ] = DEFAULT_MODEL.num_embeds,
+    cnn_downsample: Annotated[
+        str, typer.Option(help="stride (stride-2 convs) | maxpool (full-resolution convs)")
+    ] = DEFAULT_MODEL.cnn_downsample,
+    stem_stride: Annotated[
+        int, typer.Option(help="stride of the first conv (1 keeps the full resolution)")
+    ] = DEFAULT_MODEL.stem_stride,
+    image_pooling: Annotated[
+        str, typer.Option(help="grid (flattened 4x4 map) | objects (plus per-cell detectors)")
+    ] = DEFAULT_MODEL.image_pooling,
+    label_weight: Annotated[
+        float, typer.Option(help="weight of the auxiliary loss on the dataset's image labels")
+    ] = DEFAULT_TRAINING.label_weight,
     div_weight: Annotated[
         float, typer.Option(help="pvse: weight of the diversity loss")
     ] = DEFAULT_TRAINING.div_weight,
@@ -161,6 +173,9 @@ def train(
             var_max=var_max,
             variance_reads_only=variance_reads_only,
             num_embeds=num_embeds,
+            cnn_downsample=cnn_downsample,
+            stem_stride=stem_stride,
+            image_pooling=image_pooling,
         )
         train_config = TrainConfig(
             epochs=epochs,
@@ -178,6 +193,7 @@ def train(
             pseudo_positive_weight=pseudo_positive_weight,
             div_weight=div_weight,
             mmd_weight=mmd_weight,
+            label_weight=label_weight,
             seed=seed,
         )
         result = run_training(

@@ -15,6 +15,7 @@ Covariance = Literal["ellipsoidal", "spherical-avgpool", "spherical-one-value"]
 
 MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
 COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-one-value")
+IMAGE_POOLINGS: tuple[str, ...] = ("grid", "objects")
 
 # Similarities the training loss supports per model type (the loss uses -distance for the
 # Gaussian metrics of models.distance.gaussian and the dot product of unit means for "cosine").
@@ -87,6 +88,11 @@ class ModelConfig:
     image_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     cnn_channels: tuple[int, ...] = (16, 32, 64, 128)
     stem_stride: int = 2  # stride of the first conv block (1 keeps full resolution there)
+    # How the last feature map becomes the trunk's features: "grid" flattens its 4x4 cells
+    # (layout kept, a detector learned per cell); "objects" adds a 1x1-conv detector shared by
+    # every cell, averaged over the map, so "a purple star" is found wherever it is.
+    image_pooling: str = "grid"
+    cnn_downsample: str = "stride"  # "stride" (stride-2 convs) | "maxpool" (models.networks)
     image_features: int = 128
     word_dim: int = 64
     text_hidden: int = 128
@@ -115,6 +121,17 @@ class ModelConfig:
             )
         if not 0 < self.var_min < self.var_max:
             raise ConfigError(f"need 0 < var_min < var_max, got {self.var_min}, {self.var_max}")
+        if self.image_pooling not in IMAGE_POOLINGS:
+            raise ConfigError(
+                f"unknown image pooling {self.image_pooling!r}; "
+                f"choose one of {', '.join(IMAGE_POOLINGS)}"
+            )
+        if self.stem_stride not in (1, 2):
+            raise ConfigError(f"stem stride must be 1 or 2, got {self.stem_stride}")
+        if self.cnn_downsample not in ("stride", "maxpool"):
+            raise ConfigError(
+                f"unknown cnn downsample {self.cnn_downsample!r}; choose stride or maxpool"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         for name in (
@@ -279,6 +296,9 @@ class TrainConfig:
     pseudo_positive_weight: float = 0.1  # PCME++
     grad_clip: float = 2.0
     captions_per_image: int = 0  # captions of each image per batch (0 = all of them)
+    # Weight of the auxiliary loss that reads the dataset's image labels (e.g. "purple star")
+    # off the image mean with a linear probe (models.objectives.labels); 0 = off.
+    label_weight: float = 0.0
     div_weight: float = 0.1  # pvse: weight of the diversity loss (lambda_1 of the paper)
     mmd_weight: float = 0.01  # pvse: weight of the MMD loss (lambda_2 of the paper)
     seed: int = 0
@@ -301,7 +321,7 @@ class TrainConfig:
         if self.positives not in ("pairs", "plausible"):
             raise ConfigError(f"unknown positives {self.positives!r}; choose pairs or plausible")
         weights = (self.vib_beta, self.uniformity_weight, self.pseudo_positive_weight,
-                   self.div_weight, self.mmd_weight)  # fmt: skip
+                   self.div_weight, self.mmd_weight, self.label_weight)  # fmt: skip
         if min(weights) < 0:
             raise ConfigError("regulariser weights must be >= 0")
         if self.match_samples < 1:

@@ -34,6 +34,7 @@ from models.networks.probabilistic_model import (
 from models.networks.tokenizer import Tokenizer
 from models.objectives import BatchEmbeddings, batch_loss
 from models.objectives.hinge import similarity_matrix
+from models.objectives.labels import LabelProbe, label_loss
 from models.onnx.export import export_encoders
 from models.pvse.training import pvse_batch_loss, pvse_similarity
 from models.scoring.uncertainty import log_det
@@ -188,8 +189,10 @@ def train_epoch(
     epoch: int,
     device: torch.device,
     progress: bool,
+    probe: LabelProbe | None = None,
 ) -> float:
-    """One pass over the training images; returns the mean batch loss."""
+    """One pass over the training images; returns the mean batch loss (with `probe`, plus
+    `config.label_weight` times its label loss on the images' means)."""
     model.train()
     generator = torch.Generator(device=device).manual_seed(config.seed * 100_003 + epoch)
     negatives = "sum" if epoch < config.warmup_epochs else config.negatives
@@ -227,6 +230,9 @@ def train_epoch(
         )
         match = (model.match_scale, model.match_shift)
         loss = batch_loss(batch, model.config, config, match, negatives, generator)
+        if probe is not None:
+            labels = split.labels[image_rows].to(device)
+            loss = loss + config.label_weight * label_loss(probe, image_mu, labels)
         total, steps = total + _step(model, optimizer, loss, config), steps + 1
     return total / max(steps, 1)
 
@@ -288,10 +294,12 @@ def _save_epoch_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     history: list[dict[str, Any]],
     best: dict[str, Any],
+    probe: LabelProbe | None = None,
 ) -> None:
     """Write last.pt (everything --resume needs) and history.json after an epoch."""
     torch.save(
         {
+            "probe": probe.state_dict() if probe is not None else None,
             "model_config": model_config.to_dict(),
             "train_config": dataclasses.asdict(train_config),
             "model": model.state_dict(),
@@ -337,6 +345,21 @@ def parameter_groups(model: ProbabilisticModel, config: TrainConfig) -> list[dic
     return [{"params": encoders, "lr": config.lr}, {"params": match, "lr": config.match_lr}]
 
 
+def _label_probe(
+    model_config: ModelConfig, train_config: TrainConfig, split: SplitTensors
+) -> LabelProbe | None:
+    """The label probe of `train_config.label_weight` (None when it is 0)."""
+    if train_config.label_weight == 0:
+        return None
+    if model_config.model_type == "pvse":
+        raise ConfigError("label_weight is not supported for pvse models; leave it at 0")
+    if split.labels is None or split.labels.shape[1] == 0:
+        raise ConfigError(
+            "label_weight needs a dataset with image labels (dataset.json 'label_names')"
+        )
+    return LabelProbe(model_config.embed_dim, split.labels.shape[1])
+
+
 def _patience_spent(history: list[dict[str, Any]], best: dict[str, Any], patience: int) -> bool:
     """Whether `patience` epochs have passed since the best one (patience 0: never stop)."""
     return patience > 0 and len(history) - int(best["epoch"]) >= patience
@@ -372,7 +395,12 @@ def train(
         tokenizer.save(out_dir / VOCAB_FILE)
         device = pick_device()
         model = build_model(model_config).to(device)
-        optimizer = torch.optim.Adam(parameter_groups(model, train_config))
+        probe = _label_probe(model_config, train_config, train_split)
+        groups = parameter_groups(model, train_config)
+        if probe is not None:
+            probe.to(device)
+            groups.append({"params": list(probe.parameters()), "lr": train_config.lr})
+        optimizer = torch.optim.Adam(groups)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode="max", factor=train_config.lr_decay, patience=train_config.lr_patience
         )
@@ -382,6 +410,8 @@ def train(
         )
         if state:
             model.load_state_dict(state["model"])
+            if probe is not None:
+                probe.load_state_dict(state["probe"])
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
         info = _training_info(data_dir, train_config, train_split, val_split, device)
@@ -391,7 +421,9 @@ def train(
                 break
             started = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
-            loss = train_epoch(model, optimizer, train_split, train_config, epoch, device, progress)
+            loss = train_epoch(
+                model, optimizer, train_split, train_config, epoch, device, progress, probe
+            )
             recalls, ld_image, ld_caption, at_bound = validate(model, val_split, device)
             report = EpochReport(
                 epoch + 1, loss, recalls, ld_image, ld_caption, at_bound, lr,
@@ -416,7 +448,8 @@ def train(
                 save_checkpoint(model, out_dir / CHECKPOINT_FILE, epoch + 1)
                 model.config.save(out_dir)
             _save_epoch_state(
-                out_dir, model, model_config, train_config, optimizer, scheduler, history, best
-            )
+                out_dir, model, model_config, train_config, optimizer, scheduler, history, best,
+                probe,
+            )  # fmt: skip
     parity = export_encoders(load_model(out_dir), out_dir) if export else {}
     return TrainResult(out_dir, int(best["epoch"]), dict(best["recalls"]), history, parity)

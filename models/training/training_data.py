@@ -39,7 +39,8 @@ class SplitTensors:
     (N_cap,); caption_image: int64 (N_cap,) row of each caption's image in `pixels`;
     plausible: bool (N_cap, N_img) the dataset's plausible matches (validation split only);
     caption_records, image_records: the records in row order, to judge plausible matches
-    between the items of a batch.
+    between the items of a batch; labels: float32 (N_img, L) multi-hot over the dataset's
+    label names (L = 0 for a dataset without labels).
     """
 
     pixels: torch.Tensor
@@ -49,6 +50,7 @@ class SplitTensors:
     plausible: torch.Tensor | None = None
     caption_records: tuple[CaptionRecord, ...] = ()
     image_records: tuple[ImageRecord, ...] = ()
+    labels: torch.Tensor | None = None
 
     def batch_plausible(self, image_rows: torch.Tensor, caption_rows: torch.Tensor) -> torch.Tensor:
         """(B, M) bool: caption m of the batch plausibly matches image b of the batch (for a
@@ -106,6 +108,10 @@ def _to_tensors(
     )
     caption_image = np.array([row_of[c.image_id] for c in split.captions], dtype=np.int64)
     plausible = plausible_match_matrix(split.captions, images) if with_plausible else None
+    column = {name: col for col, name in enumerate(split.label_names)}
+    labels = np.zeros((len(images), len(column)), dtype=np.float32)
+    for row, record in enumerate(images):
+        labels[row, [column[name] for name in record.labels]] = 1.0
     return SplitTensors(
         torch.from_numpy(pixels),
         torch.from_numpy(ids),
@@ -114,6 +120,7 @@ def _to_tensors(
         None if plausible is None else torch.from_numpy(plausible),
         tuple(split.captions),
         tuple(images),
+        torch.from_numpy(labels),
     )
 
 

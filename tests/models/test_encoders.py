@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from models.networks.heads import GaussianHeads, dropout_masks
+from models.networks.image_encoder import ObjectDetectors, trunk_blocks
 from models.networks.model_config import COVARIANCES, MODEL_TYPES, ConfigError, ModelConfig
 from models.networks.probabilistic_model import ProbabilisticModel
 
@@ -176,6 +177,8 @@ def test_dropout_masks_values_and_rate() -> None:
         ({"covariance": "full"}, "unknown covariance"),
         ({"var_min": 5.0, "var_max": 1.0}, "var_min < var_max"),
         ({"dropout": 1.0}, "dropout"),
+        ({"image_pooling": "mean"}, "unknown image pooling"),
+        ({"cnn_downsample": "avg"}, "unknown cnn downsample"),
     ],
 )
 def test_config_rejects_bad_values_with_a_clear_message(fields: dict, message: str) -> None:
@@ -192,3 +195,44 @@ def test_config_defaults_per_model_type_and_round_trip(tmp_path) -> None:
     assert ModelConfig.load(tmp_path) == config
     with pytest.raises(ConfigError, match="not found"):
         ModelConfig.load(tmp_path / "nowhere")
+
+
+def test_object_detectors_are_a_per_cell_mlp_maxed_over_the_map() -> None:
+    torch.manual_seed(0)
+    detectors = ObjectDetectors(in_channels=6, features=5)
+    feature_map = torch.randn(3, 6, 4, 4)
+    with torch.no_grad():
+        got = detectors(feature_map)
+        cells = [
+            detectors.mlp(feature_map[:, :, i : i + 1, j : j + 1]).flatten(1)
+            for i in range(4)
+            for j in range(4)
+        ]
+    torch.testing.assert_close(got, torch.stack(cells).max(dim=0).values)
+    shuffled = feature_map.flatten(2)[:, :, torch.randperm(16)].reshape(3, 6, 4, 4)
+    torch.testing.assert_close(detectors(shuffled), got)
+
+
+@pytest.mark.parametrize("stem_stride", [1, 2])
+def test_maxpool_trunk_halves_the_map_like_the_strided_one(stem_stride: int) -> None:
+    """Both trunks end on the same map size, so the grid projection fits either."""
+    maps = {}
+    for downsample in ("stride", "maxpool"):
+        config = ModelConfig(cnn_downsample=downsample, stem_stride=stem_stride)
+        x = torch.randn(2, 3, config.image_size, config.image_size)
+        for block in trunk_blocks(config):
+            x = block(x)
+        maps[downsample] = x.shape
+    assert maps["stride"] == maps["maxpool"]
+    assert maps["maxpool"][-1] == 64 // 2 ** (3 + (stem_stride == 2))
+
+
+def test_objects_pooling_model_runs_with_masks_per_block() -> None:
+    config = ModelConfig(image_pooling="objects", cnn_downsample="maxpool", embed_dim=8)
+    model = ProbabilisticModel(config).eval()
+    images = torch.randn(3, 3, 64, 64)
+    masks = dropout_masks(model.image_mask_shape(4, 3), 0.3, torch.Generator().manual_seed(1))
+    mu, logvar = model.image_encoder(images, masks)
+    assert mu.shape == logvar.shape == (12, 8)
+    ones = torch.ones(model.image_mask_shape(1, 3))
+    torch.testing.assert_close(model.image_encoder(images, ones)[0], model.encode_images(images)[0])

@@ -18,14 +18,16 @@ from models.networks.probabilistic_model import ProbabilisticModel
 from models.onnx.export import OPSET, export_encoders
 
 VOCAB = 30
-VARIANTS = [
-    ("gcie", "ellipsoidal"),
-    ("gcie", "spherical-avgpool"),
-    ("gcie", "spherical-one-value"),
-    ("gce", "ellipsoidal"),
-    ("gie", "ellipsoidal"),
-    ("vse", "ellipsoidal"),
-]
+MAXPOOL_TRUNK = {"image_pooling": "objects", "cnn_downsample": "maxpool", "stem_stride": 1}
+VARIANTS = {  # name: ModelConfig fields
+    "gcie-ellipsoidal": {"model_type": "gcie", "covariance": "ellipsoidal"},
+    "gcie-spherical-avgpool": {"model_type": "gcie", "covariance": "spherical-avgpool"},
+    "gcie-spherical-one-value": {"model_type": "gcie", "covariance": "spherical-one-value"},
+    "gcie-maxpool-objects": {"model_type": "gcie", **MAXPOOL_TRUNK},
+    "gce-ellipsoidal": {"model_type": "gce", "covariance": "ellipsoidal"},
+    "gie-ellipsoidal": {"model_type": "gie", "covariance": "ellipsoidal"},
+    "vse-ellipsoidal": {"model_type": "vse", "covariance": "ellipsoidal"},
+}
 
 
 def run_session(path, feeds: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
@@ -45,23 +47,21 @@ def exported(tmp_path_factory):
     """Each variant with random (seeded) weights, exported once; BatchNorm statistics are
     perturbed so that the exported graph must carry them."""
     models = {}
-    for model_type, covariance in VARIANTS:
+    for name, fields in VARIANTS.items():
         torch.manual_seed(len(models))
-        config = ModelConfig(
-            model_type=model_type, covariance=covariance, vocab_size=VOCAB, embed_dim=16
-        )
+        config = ModelConfig(vocab_size=VOCAB, embed_dim=16, **fields)
         model = ProbabilisticModel(config).eval()
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
                 module.running_mean.uniform_(-0.5, 0.5)
                 module.running_var.uniform_(0.5, 2.0)
-        out = tmp_path_factory.mktemp(f"{model_type}-{covariance}")
+        out = tmp_path_factory.mktemp(name)
         export_encoders(model, out, verify=False)
-        models[(model_type, covariance)] = (model, out)
+        models[name] = (model, out)
     return models
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["-".join(v) for v in VARIANTS])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_onnx_matches_torch_deterministic_and_masked(exported, variant) -> None:
     model, out = exported[variant]
     generator = torch.Generator().manual_seed(7)
@@ -94,7 +94,7 @@ def test_onnx_matches_torch_deterministic_and_masked(exported, variant) -> None:
 
 
 def test_graphs_declare_opset_and_dynamic_dimensions(exported) -> None:
-    _, out = exported[("gcie", "ellipsoidal")]
+    _, out = exported["gcie-ellipsoidal"]
     for name in (IMAGE_ONNX_FILE, TEXT_ONNX_FILE):
         graph = onnx.load(str(out / name))
         assert max(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) >= OPSET
@@ -109,7 +109,7 @@ def test_graphs_declare_opset_and_dynamic_dimensions(exported) -> None:
 
 
 def test_graph_has_no_random_ops(exported) -> None:
-    _, out = exported[("gcie", "ellipsoidal")]
+    _, out = exported["gcie-ellipsoidal"]
     for name in (IMAGE_ONNX_FILE, TEXT_ONNX_FILE):
         ops = {node.op_type for node in onnx.load(str(out / name)).graph.node}
         assert not ops & {

@@ -13,6 +13,7 @@ from models.cli import app
 from models.datasets.records import is_plausible_match
 from models.datasets.shapes import generate_shapes
 from models.networks.model_config import ModelConfig
+from models.networks.probabilistic_model import build_model
 from models.training.train import TrainConfig, train
 from models.training.training_data import load_splits
 
@@ -132,6 +133,9 @@ def test_cli_trains_and_prints_one_line_per_epoch(small_shapes, tmp_path) -> Non
         (("--metric", "euclid"), "metric 'euclid' cannot train"),
         (("--covariance", "full"), "unknown covariance"),
         (("--resume",), "nothing to resume"),
+        (("--cnn-downsample", "avg"), "unknown cnn downsample 'avg'"),
+        (("--stem-stride", "3"), "stem stride must be 1 or 2"),
+        (("--model-type", "pvse", "--label-weight", "0.5"), "not supported for pvse"),
     ],
 )
 def test_cli_bad_options_are_one_line_errors(small_shapes, tmp_path, extra, message) -> None:
@@ -180,3 +184,23 @@ def test_spread_variance_training_runs_and_reports_variance_health(small_shapes,
                    log=lambda line: None)  # fmt: skip
     assert 0.0 <= result.history[0]["at_bound"] <= 1.0
     assert result.history[0]["log_det_caption"] != result.history[0]["log_det_image"]
+
+
+def test_label_probe_trains_resumes_and_stays_out_of_the_model(small_shapes, tmp_path) -> None:
+    """The probe's weights travel in last.pt (a resumed run repeats an uninterrupted one), the
+    label loss changes the encoders, and the model dir holds no trace of the probe."""
+    config = ModelConfig(embed_dim=8, image_pooling="objects", cnn_downsample="maxpool")
+    labelled = TrainConfig(**{**QUICK.__dict__, "label_weight": 1.0})
+    quiet = {"progress": False, "export": False, "log": lambda line: None}
+    straight, resumed, plain = tmp_path / "straight", tmp_path / "resumed", tmp_path / "plain"
+    train(small_shapes, straight, config, labelled, **quiet)
+    train(small_shapes, resumed, config, TrainConfig(**{**labelled.__dict__, "epochs": 1}), **quiet)
+    train(small_shapes, resumed, config, labelled, resume=True, **quiet)
+    train(small_shapes, plain, config, QUICK, **quiet)
+    for name, tensor in state_of(straight).items():
+        torch.testing.assert_close(state_of(resumed)[name], tensor, rtol=0, atol=0)
+    probe = torch.load(straight / "last.pt", weights_only=True)["probe"]
+    assert probe["linear.weight"].shape == (30, 8)  # the shapes data's 30 colour-shape labels
+    assert any(not torch.equal(state_of(plain)[n], t) for n, t in state_of(straight).items())
+    checkpoint = torch.load(straight / "checkpoint.pt", weights_only=True)["state_dict"]
+    assert set(checkpoint) == set(build_model(ModelConfig.load(straight)).state_dict())
