@@ -46,6 +46,7 @@ WIDER = {"cnn_channels": (64, 128, 256, 256), "image_features": 256}
 PLAUSIBLE = {"positives": "plausible"}
 OBJECTS = {"image_pooling": "objects"}
 MAXPOOL_OBJECTS = {**OBJECTS, "cnn_downsample": "maxpool", "stem_stride": 1}
+NARROW_OBJECTS = {**MAXPOOL_OBJECTS, "cnn_channels": (8, 16, 32, 64)}
 # fmt: off
 RECIPES: tuple[Recipe, ...] = (
     Recipe("base"),
@@ -73,6 +74,15 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("mp2-objects", model={**OBJECTS, "cnn_downsample": "maxpool"}),
     Recipe("mp1-objects-labels", model=MAXPOOL_OBJECTS, training={"label_weight": 0.3}),
     Recipe("mp1-objects-30", model=MAXPOOL_OBJECTS, training={"epochs": 30}),
+    Recipe("mp1-narrow-objects", model=NARROW_OBJECTS),
+    Recipe("mp1-slim-objects", model={**MAXPOOL_OBJECTS, "cnn_channels": (8, 16, 64, 128)}),
+    Recipe("narrow-labels", model=NARROW_OBJECTS, training={"label_weight": 1.0, "patience": 0}),
+    Recipe("narrow-plausible", model=NARROW_OBJECTS, training=PLAUSIBLE),
+    Recipe("narrow-plausible-images", model=NARROW_OBJECTS,
+           training={"positives": "plausible_images"}),
+    Recipe("vse", model={"model_type": "vse"}, training={"variance_objective": ""}),
+    Recipe("vse-mp1-narrow-objects", model={"model_type": "vse", **NARROW_OBJECTS},
+           training={"variance_objective": ""}),
 )
 # fmt: on
 

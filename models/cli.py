@@ -77,7 +77,8 @@ def train(
     positives: Annotated[
         str,
         typer.Option(
-            help="pairs (own captions only) | plausible (no plausible pair is a negative)"
+            help="pairs (own captions only) | plausible (no plausible pair is a negative) | "
+            "plausible_images (no image a caption plausibly describes is its negative)"
         ),
     ] = DEFAULT_TRAINING.positives,
     vib_beta: Annotated[

@@ -16,6 +16,7 @@ Covariance = Literal["ellipsoidal", "spherical-avgpool", "spherical-one-value"]
 MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
 COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-one-value")
 IMAGE_POOLINGS: tuple[str, ...] = ("grid", "objects")
+POSITIVES: tuple[str, ...] = ("pairs", "plausible", "plausible_images")
 
 # Similarities the training loss supports per model type (the loss uses -distance for the
 # Gaussian metrics of models.distance.gaussian and the dot product of unit means for "cosine").
@@ -285,7 +286,10 @@ class TrainConfig:
     objective: str = "hinge"  # hinge | pcme | pcmepp (models.objectives)
     # "" | pcmepp | spread: fit the variances alone, on the detached means (models.objectives)
     variance_objective: str = ""
-    positives: str = "pairs"  # pairs | plausible: which (image, caption) pairs of a batch match
+    # Which pairs of a batch are never negatives: "pairs" only the own ones; "plausible" every
+    # plausible match; "plausible_images" the images a caption plausibly describes, while an
+    # image still ranks its own captions above all others (models.objectives.hinge).
+    positives: str = "pairs"
     margin: float = 0.2
     negatives: str = "sum"
     warmup_epochs: int = 1  # epochs with the sum-over-negatives loss before `negatives`
@@ -318,8 +322,10 @@ class TrainConfig:
             raise ConfigError(
                 f"unknown variance objective {self.variance_objective!r}; choose pcmepp or none"
             )
-        if self.positives not in ("pairs", "plausible"):
-            raise ConfigError(f"unknown positives {self.positives!r}; choose pairs or plausible")
+        if self.positives not in POSITIVES:
+            raise ConfigError(
+                f"unknown positives {self.positives!r}; choose one of {', '.join(POSITIVES)}"
+            )
         weights = (self.vib_beta, self.uniformity_weight, self.pseudo_positive_weight,
                    self.div_weight, self.mmd_weight, self.label_weight)  # fmt: skip
         if min(weights) < 0:

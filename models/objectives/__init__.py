@@ -69,7 +69,12 @@ def batch_loss(
             model_config.model_type, model_config.metric, *image, *caption
         )  # (B, M)
         loss = hinge_triplet_loss(
-            similarity, batch.caption_image, train_config.margin, negatives, batch.matches
+            similarity,
+            batch.caption_image,
+            train_config.margin,
+            negatives,
+            batch.matches,
+            caption_side_matches=train_config.positives != "plausible_images",
         )
     frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
     if train_config.variance_objective == "spread" and batch.partners is not None:

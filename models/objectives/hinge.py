@@ -43,6 +43,7 @@ def hinge_triplet_loss(
     margin: float = DEFAULT_MARGIN,
     negatives: Negatives = "hardest",
     matches: torch.Tensor | None = None,
+    caption_side_matches: bool = True,
 ) -> torch.Tensor:
     """Bidirectional hinge triplet loss over the matching pairs of a batch (VSE++).
 
@@ -58,21 +59,23 @@ def hinge_triplet_loss(
     Negatives of a pair are the other images (for its caption) and the captions of other
     images (for its image); another caption of the same image is never a negative. With
     `matches` (N_img, N_cap) bool, no matching pair is a negative either (e.g. a caption that
-    plausibly describes another image of the batch).
+    plausibly describes another image of the batch); with `caption_side_matches` False only the
+    images of a caption are spared, and an image still ranks its own captions above every
+    other caption (so a vague caption that fits many images does not rise to the top).
     Returns the mean over pairs of the two directions' hinge terms.
     """
     if negatives not in NEGATIVES:
         raise ValueError(f"unknown negatives {negatives!r}; choose one of {', '.join(NEGATIVES)}")
     num_images = similarity.shape[0]
-    positive = torch.arange(num_images, device=similarity.device)[:, None] == caption_image
-    if matches is not None:
-        positive = positive | matches
+    own = torch.arange(num_images, device=similarity.device)[:, None] == caption_image
+    positive = own if matches is None else own | matches
     matched = similarity.gather(0, caption_image[None, :]).squeeze(0)  # (N_cap,)
     image_cost = (margin + similarity - matched[None, :]).clamp(min=0)  # (N_img, N_cap)
     image_cost = image_cost.masked_fill(positive, 0.0)
     pair_rows = similarity[caption_image]  # (N_cap, N_cap): s(image of pair j, caption j')
     caption_cost = (margin + pair_rows - matched[:, None]).clamp(min=0)
-    caption_cost = caption_cost.masked_fill(positive[caption_image], 0.0)
+    own_or_match = positive if caption_side_matches else own
+    caption_cost = caption_cost.masked_fill(own_or_match[caption_image], 0.0)
     if negatives == "hardest":
         per_pair = image_cost.max(dim=0).values + caption_cost.max(dim=1).values  # (N_cap,)
     else:

@@ -44,6 +44,7 @@ def pvse_loss(
     negatives: Negatives,
     div_weight: float = DEFAULT_DIV_WEIGHT,
     mmd_weight: float = DEFAULT_MMD_WEIGHT,
+    caption_side_matches: bool = True,
 ) -> torch.Tensor:
     """L_mil + div_weight * L_div + mmd_weight * L_mmd for a batch of B images and M captions.
 
@@ -52,7 +53,9 @@ def pvse_loss(
     maps' diversity terms (eq. 7); L_mmd compares all K * B image and K * M caption embeddings.
     """
     similarity = max_pair_similarity(image.embeddings, caption.embeddings)  # (B, M)
-    loss = hinge_triplet_loss(similarity, caption_image, margin, negatives, matches)
+    loss = hinge_triplet_loss(
+        similarity, caption_image, margin, negatives, matches, caption_side_matches
+    )
     if div_weight > 0:
         diversity = diversity_loss(image.attention) + diversity_loss(caption.attention)
         loss = loss + div_weight * diversity

@@ -27,7 +27,7 @@ def pvse_batch_loss(
     caption = model.embed_texts(*captions, generator, stochastic=True)
     return pvse_loss(
         image, caption, caption_image, matches, config.margin, negatives,  # type: ignore[arg-type]
-        config.div_weight, config.mmd_weight,
+        config.div_weight, config.mmd_weight, config.positives != "plausible_images",
     )  # fmt: skip
 
 

@@ -207,7 +207,7 @@ def train_epoch(
         ids, lengths = caption_batch(split, caption_rows)
         if model.config.model_type == "pvse":
             plausible = None
-            if config.positives == "plausible":
+            if config.positives != "pairs":
                 plausible = split.batch_plausible(image_rows, caption_rows).to(device)
             loss = pvse_batch_loss(
                 model, images, (ids.to(device), lengths.to(device)), owner.to(device),
@@ -221,10 +221,10 @@ def train_epoch(
         )
         owner = owner.to(device)
         plausible = None
-        if config.positives == "plausible" or config.variance_objective == "spread":
+        if config.positives != "pairs" or config.variance_objective == "spread":
             plausible = split.batch_plausible(image_rows, caption_rows).to(device)
         own = torch.arange(len(image_rows), device=device)[:, None] == owner[None, :]
-        matches = plausible if config.positives == "plausible" else own
+        matches = own if config.positives == "pairs" else plausible
         batch = BatchEmbeddings(
             image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible
         )

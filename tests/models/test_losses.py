@@ -7,20 +7,24 @@ import torch
 from models.objectives.hinge import hinge_triplet_loss, similarity_matrix
 
 
-def loop_triplet_loss(similarity, caption_image, margin, negatives):
-    """Reference: enumerate pairs and their negatives one by one."""
+def loop_triplet_loss(similarity, caption_image, margin, negatives, matches=None, both=True):
+    """Reference: enumerate pairs and their negatives one by one; matches[k][c] spares image k
+    as a negative of caption c and (if `both`) caption c as a negative of image k."""
     num_images, num_captions = len(similarity), len(caption_image)
+    matches = matches or [[False] * num_captions for _ in range(num_images)]
     total = 0.0
     for j in range(num_captions):  # pair (image i, caption j)
         i = caption_image[j]
         matched = similarity[i][j]
         image_costs = [
-            max(0.0, margin + similarity[k][j] - matched) for k in range(num_images) if k != i
+            max(0.0, margin + similarity[k][j] - matched)
+            for k in range(num_images)
+            if k != i and not matches[k][j]
         ]
         caption_costs = [
             max(0.0, margin + similarity[i][c] - matched)
             for c in range(num_captions)
-            if caption_image[c] != i
+            if caption_image[c] != i and not (both and matches[i][c])
         ]
         for costs in (image_costs, caption_costs):
             total += max(costs, default=0.0) if negatives == "hardest" else sum(costs)
@@ -34,6 +38,22 @@ def test_hinge_loss_matches_loop_reference(negatives: str, caption_image: list[i
     similarity = torch.randn(5, len(caption_image), generator=generator, dtype=torch.float64)
     loss = hinge_triplet_loss(similarity, torch.tensor(caption_image), 0.3, negatives)
     expected = loop_triplet_loss(similarity.tolist(), caption_image, 0.3, negatives)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("negatives", ["hardest", "sum"])
+@pytest.mark.parametrize("both", [True, False])
+def test_plausible_matches_are_spared_as_the_loop_says(negatives: str, both: bool) -> None:
+    generator = torch.Generator().manual_seed(1)
+    caption_image = [0, 1, 1, 2, 0, 3, 4, 2]
+    similarity = torch.randn(5, 8, generator=generator, dtype=torch.float64)
+    matches = torch.rand(5, 8, generator=generator) < 0.3
+    loss = hinge_triplet_loss(
+        similarity, torch.tensor(caption_image), 0.3, negatives, matches, caption_side_matches=both
+    )
+    expected = loop_triplet_loss(
+        similarity.tolist(), caption_image, 0.3, negatives, matches.tolist(), both
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-12)
 
 
