@@ -6,7 +6,8 @@ the figures on its test split; seed 7 is used neither by docs/results.md (seed 0
 sweep that chose the recipes (seeds 3 and 5). Writes mean ± sd over the seeds.
 
     python benchmarks/recipe_seeds.py --recipes base,mp1-objects --seeds 0,1,2 --parallel 2
-    python benchmarks/recipe_seeds.py --recipes base --seeds 0 --images 300 --epochs 1 --out /tmp/s.md
+    python benchmarks/recipe_seeds.py --recipes base --seeds 0 --images 300 --epochs 1 \\
+        --out /tmp/s.md
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipe_sweep import RECIPES, Recipe, dataset  # noqa: E402
+from recipe_sweep import RECIPES, Recipe, dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = (  # (direction, retrieval key, column title)

@@ -80,6 +80,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("narrow-plausible", model=NARROW_OBJECTS, training=PLAUSIBLE),
     Recipe("narrow-plausible-images", model=NARROW_OBJECTS,
            training={"positives": "plausible_images"}),
+    Recipe("narrow-outliers", model=NARROW_OBJECTS, training={"outlier_fraction": 0.25}),
     Recipe("vse", model={"model_type": "vse"}, training={"variance_objective": ""}),
     Recipe("vse-mp1-narrow-objects", model={"model_type": "vse", **NARROW_OBJECTS},
            training={"variance_objective": ""}),

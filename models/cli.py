@@ -141,6 +141,10 @@ def train(
     label_weight: Annotated[
         float, typer.Option(help="weight of the auxiliary loss on the dataset's image labels")
     ] = DEFAULT_TRAINING.label_weight,
+    outlier_fraction: Annotated[
+        float,
+        typer.Option(help="synthetic outlier images per real image of a batch (0 = none)"),
+    ] = DEFAULT_TRAINING.outlier_fraction,
     div_weight: Annotated[
         float, typer.Option(help="pvse: weight of the diversity loss")
     ] = DEFAULT_TRAINING.div_weight,
@@ -195,6 +199,7 @@ def train(
             div_weight=div_weight,
             mmd_weight=mmd_weight,
             label_weight=label_weight,
+            outlier_fraction=outlier_fraction,
             seed=seed,
         )
         result = run_training(

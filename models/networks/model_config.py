@@ -303,6 +303,9 @@ class TrainConfig:
     # Weight of the auxiliary loss that reads the dataset's image labels (e.g. "purple star")
     # off the image mean with a linear probe (models.objectives.labels); 0 = off.
     label_weight: float = 0.0
+    # Synthetic outliers per real image of a batch (models.datasets.outliers): negatives of
+    # every caption, and with variance "spread" fitted to the spread of all captions; 0 = off.
+    outlier_fraction: float = 0.0
     div_weight: float = 0.1  # pvse: weight of the diversity loss (lambda_1 of the paper)
     mmd_weight: float = 0.01  # pvse: weight of the MMD loss (lambda_2 of the paper)
     seed: int = 0
@@ -330,5 +333,9 @@ class TrainConfig:
                    self.div_weight, self.mmd_weight, self.label_weight)  # fmt: skip
         if min(weights) < 0:
             raise ConfigError("regulariser weights must be >= 0")
+        if not 0.0 <= self.outlier_fraction <= 1.0:
+            raise ConfigError(f"outlier fraction must be in [0, 1], got {self.outlier_fraction}")
+        if self.outlier_fraction > 0 and self.objective != "hinge":
+            raise ConfigError("synthetic outliers train with the hinge objective only")
         if self.match_samples < 1:
             raise ConfigError("match samples J must be >= 1")

@@ -38,6 +38,7 @@ class BatchEmbeddings:
     caption_image: torch.Tensor
     matches: torch.Tensor
     partners: torch.Tensor | None = None  # (B, M) plausible matches, for variance "spread"
+    outliers: int = 0  # the last `outliers` images are synthetic outliers (no caption is theirs)
 
 
 def batch_loss(
@@ -78,7 +79,7 @@ def batch_loss(
         )
     frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
     if train_config.variance_objective == "spread" and batch.partners is not None:
-        loss = loss + partner_spread_loss(*frozen_means, batch.partners)
+        loss = loss + partner_spread_loss(*frozen_means, batch.partners, batch.outliers)
     if train_config.variance_objective == "pcmepp":
         loss = loss + pcmepp_loss(
             *frozen_means,

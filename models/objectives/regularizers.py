@@ -35,6 +35,7 @@ def partner_spread_loss(
     image: tuple[torch.Tensor, torch.Tensor],
     caption: tuple[torch.Tensor, torch.Tensor],
     partners: torch.Tensor,
+    outliers: int = 0,
 ) -> torch.Tensor:
     """Gaussian NLL that makes each item's variance the spread of its partners' means.
 
@@ -45,8 +46,17 @@ def partner_spread_loss(
     everything else, gets a large variance; a caption that names every object of one scene a
     small one. Images likewise, over the captions that describe them. Means are used as given
     (pass them detached to leave them to the retrieval objective).
+
+    The last `outliers` image rows are synthetic outliers (models.datasets.outliers): every
+    caption of the batch is theirs, so their target is the spread of all captions (an image
+    that shows none of the data's kinds is as vague as an image can be), and they are no
+    caption's partner.
     """
     weights = partners.to(image[0].dtype)
+    image_weights = weights.clone()
+    if outliers:
+        weights[-outliers:] = 0.0
+        image_weights[-outliers:] = 1.0
 
     def nll(partner_mu: torch.Tensor, w: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
         count = w.sum(0).clamp_min(1.0)[:, None]  # (N, 1) partners per item (columns of w)
@@ -55,4 +65,4 @@ def partner_spread_loss(
         target = spread.clamp_min(0.0) + SPREAD_FLOOR
         return 0.5 * (target * torch.exp(-logvar) + logvar).sum(-1).mean()
 
-    return nll(image[0], weights, caption[1]) + nll(caption[0], weights.T, image[1])
+    return nll(image[0], weights, caption[1]) + nll(caption[0], image_weights.T, image[1])

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
+from models.datasets.outliers import synthetic_outliers
 from models.evaluation.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
 from models.networks.heads import fraction_at_bound
 from models.networks.model_config import (
@@ -25,6 +27,7 @@ from models.networks.model_config import (
     ModelConfig,
     TrainConfig,
 )
+from models.networks.preprocess import normalize_uint8
 from models.networks.probabilistic_model import (
     ProbabilisticModel,
     build_model,
@@ -46,6 +49,7 @@ from models.training.training_data import (
     load_splits,
 )
 
+OUTLIER_STREAM = 7  # the synthetic outliers' random stream, apart from batches and dropout
 LAST_STATE_FILE = "last.pt"  # optimizer + model state after the latest epoch (for --resume)
 HISTORY_FILE = "history.json"  # one report per epoch
 RECALL_KS = (1, 5, 10)
@@ -196,6 +200,7 @@ def train_epoch(
     model.train()
     generator = torch.Generator(device=device).manual_seed(config.seed * 100_003 + epoch)
     negatives = "sum" if epoch < config.warmup_epochs else config.negatives
+    outlier_rng = np.random.default_rng([config.seed, epoch, OUTLIER_STREAM])
     total, steps = 0.0, 0
     batches = list(
         epoch_batches(split, config.batch_size, config.captions_per_image, config.seed, epoch)
@@ -215,26 +220,54 @@ def train_epoch(
             )  # fmt: skip
             total, steps = total + _step(model, optimizer, loss, config), steps + 1
             continue
-        image_mu, image_logvar = model.encode_images(images, generator, stochastic=True)
-        caption_mu, caption_logvar = model.encode_texts(
-            ids.to(device), lengths.to(device), generator, stochastic=True
-        )
-        owner = owner.to(device)
-        plausible = None
-        if config.positives != "pairs" or config.variance_objective == "spread":
-            plausible = split.batch_plausible(image_rows, caption_rows).to(device)
-        own = torch.arange(len(image_rows), device=device)[:, None] == owner[None, :]
-        matches = own if config.positives == "pairs" else plausible
-        batch = BatchEmbeddings(
-            image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible
-        )
-        match = (model.match_scale, model.match_shift)
-        loss = batch_loss(batch, model.config, config, match, negatives, generator)
-        if probe is not None:
-            labels = split.labels[image_rows].to(device)
-            loss = loss + config.label_weight * label_loss(probe, image_mu, labels)
+        rows = (image_rows, caption_rows, owner.to(device))
+        loss = _gaussian_batch_loss(
+            model, split, config, rows, images, (ids.to(device), lengths.to(device)),
+            negatives, generator, outlier_rng, probe,
+        )  # fmt: skip
         total, steps = total + _step(model, optimizer, loss, config), steps + 1
     return total / max(steps, 1)
+
+
+def _gaussian_batch_loss(
+    model: ProbabilisticModel,
+    split: SplitTensors,
+    config: TrainConfig,
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    images: torch.Tensor,
+    captions: tuple[torch.Tensor, torch.Tensor],
+    negatives: str,
+    generator: torch.Generator,
+    outlier_rng: np.random.Generator,
+    probe: LabelProbe | None,
+) -> torch.Tensor:
+    """The objective of one batch of a non-pvse model; rows are (image rows (B,), caption rows
+    (M,), owner (M,)). Synthetic outliers, when asked for, join the images after the real ones
+    and match no caption."""
+    image_rows, caption_rows, owner = rows
+    device = images.device
+    count = round(config.outlier_fraction * len(image_rows))
+    if count:
+        pixels = synthetic_outliers(count, model.config.image_size, outlier_rng)
+        extra = torch.from_numpy(normalize_uint8(pixels, model.config)).to(device)
+        images = torch.cat([images, extra])
+    image_mu, image_logvar = model.encode_images(images, generator, stochastic=True)
+    caption_mu, caption_logvar = model.encode_texts(*captions, generator, stochastic=True)
+    plausible = None
+    if config.positives != "pairs" or config.variance_objective == "spread":
+        plausible = split.batch_plausible(image_rows, caption_rows).to(device)
+        plausible = torch.cat([plausible, plausible.new_zeros(count, plausible.shape[1])])
+    own = torch.arange(len(images), device=device)[:, None] == owner[None, :]
+    matches = own if config.positives == "pairs" else plausible
+    batch = BatchEmbeddings(
+        image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible, count
+    )
+    match = (model.match_scale, model.match_shift)
+    loss = batch_loss(batch, model.config, config, match, negatives, generator)
+    if probe is not None:
+        labels = split.labels[image_rows].to(device)
+        loss = loss + config.label_weight * label_loss(probe, image_mu[: len(image_rows)], labels)
+    return loss
 
 
 def _step(
@@ -349,10 +382,12 @@ def _label_probe(
     model_config: ModelConfig, train_config: TrainConfig, split: SplitTensors
 ) -> LabelProbe | None:
     """The label probe of `train_config.label_weight` (None when it is 0)."""
+    if model_config.model_type == "pvse":
+        for name in ("label_weight", "outlier_fraction"):
+            if getattr(train_config, name):
+                raise ConfigError(f"{name} is not supported for pvse models; leave it at 0")
     if train_config.label_weight == 0:
         return None
-    if model_config.model_type == "pvse":
-        raise ConfigError("label_weight is not supported for pvse models; leave it at 0")
     if split.labels is None or split.labels.shape[1] == 0:
         raise ConfigError(
             "label_weight needs a dataset with image labels (dataset.json 'label_names')"

@@ -141,6 +141,32 @@ def test_spread_loss_is_minimal_at_the_spread_of_the_partners() -> None:
     np.testing.assert_allclose(image_logvar[3].exp().detach().numpy(), single, rtol=1e-3)
 
 
+def test_an_outlier_gets_the_spread_of_every_caption_and_partners_nobody() -> None:
+    """The last image row is an outlier: its target is the spread of all captions, and the
+    captions' targets come from the real images alone; checked against a per-item loop."""
+    torch.manual_seed(1)
+    image_mu, image_logvar = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4)
+    caption_mu, caption_logvar = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4)
+    partners = torch.tensor([[True, True, False], [False, True, True], [False, False, False]])
+    got = partner_spread_loss(
+        (image_mu, image_logvar.double()), (caption_mu, caption_logvar.double()), partners, 1
+    )
+    everyone = torch.ones(3, dtype=torch.bool)
+    image_partners = [partners[0], partners[1], everyone]  # the outlier: every caption
+    caption_partners = [partners[:2, c] for c in range(3)]  # real images only
+    expected = np.mean(
+        [_nll(image_mu[:2][caption_partners[c]], caption_logvar[c]) for c in range(3)]
+    ) + np.mean([_nll(caption_mu[image_partners[i]], image_logvar[i]) for i in range(3)])
+    assert got.item() == pytest.approx(expected, rel=1e-6)
+
+
+def _nll(partner_mu: torch.Tensor, logvar: torch.Tensor) -> float:
+    """0.5 * sum(t / sigma^2 + ln sigma^2) with t the partners' variance (numpy) + the floor."""
+    mine = partner_mu.numpy()
+    target = (mine.var(axis=0) if len(mine) else np.zeros(mine.shape[1])) + SPREAD_FLOOR
+    return float(0.5 * (target * np.exp(-logvar.double().numpy()) + logvar.double().numpy()).sum())
+
+
 def test_hinge_never_uses_a_matching_pair_as_a_negative() -> None:
     similarity = torch.tensor([[0.9, 0.8, 0.1], [0.85, 0.2, 0.7]])
     owner = torch.tensor([0, 0, 1])

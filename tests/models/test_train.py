@@ -136,6 +136,9 @@ def test_cli_trains_and_prints_one_line_per_epoch(small_shapes, tmp_path) -> Non
         (("--cnn-downsample", "avg"), "unknown cnn downsample 'avg'"),
         (("--stem-stride", "3"), "stem stride must be 1 or 2"),
         (("--model-type", "pvse", "--label-weight", "0.5"), "not supported for pvse"),
+        (("--model-type", "pvse", "--outlier-fraction", "0.5"), "not supported for pvse"),
+        (("--objective", "pcme", "--outlier-fraction", "0.25"), "hinge objective only"),
+        (("--outlier-fraction", "2"), "outlier fraction must be in [0, 1]"),
     ],
 )
 def test_cli_bad_options_are_one_line_errors(small_shapes, tmp_path, extra, message) -> None:
@@ -204,3 +207,21 @@ def test_label_probe_trains_resumes_and_stays_out_of_the_model(small_shapes, tmp
     assert any(not torch.equal(state_of(plain)[n], t) for n, t in state_of(straight).items())
     checkpoint = torch.load(straight / "checkpoint.pt", weights_only=True)["state_dict"]
     assert set(checkpoint) == set(build_model(ModelConfig.load(straight)).state_dict())
+
+
+def test_outliers_join_the_batches_seeded(small_shapes, tmp_path) -> None:
+    """Synthetic outliers change what is learnt, and a run with them is repeatable; what they
+    do to the variance is checked in test_objectives and measured on photographs by
+    benchmarks/recipe_seeds.py."""
+    config = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
+    plain = TrainConfig(**{**QUICK.__dict__, "variance_objective": "spread"})
+    outliers = TrainConfig(**{**plain.__dict__, "outlier_fraction": 0.5})
+    quiet = {"progress": False, "export": False, "log": lambda line: None}
+    train(small_shapes, tmp_path / "a", config, outliers, **quiet)
+    train(small_shapes, tmp_path / "b", config, outliers, **quiet)
+    train(small_shapes, tmp_path / "plain", config, plain, **quiet)
+    for name, tensor in state_of(tmp_path / "a").items():
+        torch.testing.assert_close(state_of(tmp_path / "b")[name], tensor, rtol=0, atol=0)
+    changed = [n for n, t in state_of(tmp_path / "plain").items()
+               if not torch.equal(state_of(tmp_path / "a")[n], t)]  # fmt: skip
+    assert any(n.startswith("image_encoder.heads.logvar") for n in changed), changed
