@@ -44,6 +44,11 @@ class Recipe:
 WIDE = {"cnn_channels": (32, 64, 128, 256), "image_features": 256}
 WIDER = {"cnn_channels": (64, 128, 256, 256), "image_features": 256}
 PLAUSIBLE = {"positives": "plausible"}
+# Every recipe starts from the demo's recipe with the strided trunk it was first measured
+# with (the demo now carries the max-pool trunk, service.demo.DEMO_TRUNK); a recipe's own
+# model fields go on top.
+STRIDED = {"image_pooling": "grid", "cnn_downsample": "stride", "stem_stride": 2,
+           "cnn_channels": (16, 32, 64, 128)}  # fmt: skip
 OBJECTS = {"image_pooling": "objects"}
 MAXPOOL_OBJECTS = {**OBJECTS, "cnn_downsample": "maxpool", "stem_stride": 1}
 NARROW_OBJECTS = {**MAXPOOL_OBJECTS, "cnn_channels": (8, 16, 32, 64)}
@@ -110,8 +115,8 @@ def run_recipe(recipe: Recipe, work_dir: Path, selection: Path, threads: int) ->
     started = time.perf_counter()
     if not (model_dir / "text_encoder.onnx").is_file():
         model, training = demo_model(DemoPlan(images=recipe.images))
-        model = replace(model, **recipe.model)
-        training = replace(training, **recipe.training)
+        model = replace(model, **{**STRIDED, **recipe.model})
+        training = replace(training, **{"outlier_fraction": 0.0, **recipe.training})
         data = dataset(work_dir, recipe.images, DATA_SEED)
         train(data, model_dir, model, training, progress=False, log=lambda _: None)
     train_s = time.perf_counter() - started
