@@ -29,9 +29,10 @@ def trunk_blocks(config: ModelConfig) -> nn.ModuleList:
     """The conv blocks; each but the last halves the map (plus the stem's own stride).
 
     "stride" halves with stride-2 convs. "maxpool" convolves at full resolution and keeps the
-    strongest response of each 2x2 window: on the shapes data a linear probe on its features
-    tells which shapes an image holds at AUROC 0.98 after 6 epochs of label training, against
-    0.66 for the strided trunk, whose early stride loses the outline of a 10-pixel star.
+    strongest response of each 2x2 window: trained for 6 epochs on shape labels of the shapes
+    data, a linear readout of its features tells which shapes an image holds at AUROC
+    0.93-0.96 (stem stride 1), against 0.66 for the strided trunk, whose early stride loses
+    the outline of a 10-pixel star.
     """
     channels = (3, *config.cnn_channels)
     last = len(config.cnn_channels) - 1
@@ -65,9 +66,8 @@ class ObjectDetectors(nn.Module):
     """A two-layer 1x1-conv MLP applied to every cell of a feature map, max-pooled over it.
 
     The same weights score every cell, so what is learnt about "a purple star" in one place
-    holds in all of them, and the maximum says whether the scene holds one anywhere. The
-    flattened grid has to learn each detector once per cell from the examples that put an
-    object there, which on a few thousand scenes it does not.
+    holds in all of them, and the maximum says whether the scene holds one anywhere; the
+    flattened grid beside it keeps the layout that "left of" needs.
     """
 
     def __init__(self, in_channels: int, features: int) -> None:

@@ -381,7 +381,8 @@ def parameter_groups(model: ProbabilisticModel, config: TrainConfig) -> list[dic
 def _label_probe(
     model_config: ModelConfig, train_config: TrainConfig, split: SplitTensors
 ) -> LabelProbe | None:
-    """The label probe of `train_config.label_weight` (None when it is 0)."""
+    """The label probe of `train_config.label_weight` (None when it is 0); refuses the
+    options a pvse model cannot train with."""
     if model_config.model_type == "pvse":
         for name in ("label_weight", "outlier_fraction"):
             if getattr(train_config, name):
