@@ -145,6 +145,17 @@ def train(
         float,
         typer.Option(help="synthetic outlier images per real image of a batch (0 = none)"),
     ] = DEFAULT_TRAINING.outlier_fraction,
+    counterfactual_weight: Annotated[
+        float,
+        typer.Option(help="weight of ranking each caption above itself with a word swapped"),
+    ] = DEFAULT_TRAINING.counterfactual_weight,
+    counterfactuals: Annotated[
+        str,
+        typer.Option(
+            help="what the counterfactual weight applies to: captions (a shape or colour word "
+            "swapped), images (one object's shape swapped; shapes data only) or both"
+        ),
+    ] = DEFAULT_TRAINING.counterfactuals,
     div_weight: Annotated[
         float, typer.Option(help="pvse: weight of the diversity loss")
     ] = DEFAULT_TRAINING.div_weight,
@@ -200,6 +211,8 @@ def train(
             mmd_weight=mmd_weight,
             label_weight=label_weight,
             outlier_fraction=outlier_fraction,
+            counterfactual_weight=counterfactual_weight,
+            counterfactuals=counterfactuals,
             seed=seed,
         )
         result = run_training(

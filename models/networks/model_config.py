@@ -17,6 +17,7 @@ MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
 COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-one-value")
 IMAGE_POOLINGS: tuple[str, ...] = ("grid", "objects")
 POSITIVES: tuple[str, ...] = ("pairs", "plausible", "plausible_images")
+COUNTERFACTUALS: tuple[str, ...] = ("captions", "images", "both")
 
 # Similarities the training loss supports per model type (the loss uses -distance for the
 # Gaussian metrics of models.distance.gaussian and the dot product of unit means for "cosine").
@@ -306,6 +307,12 @@ class TrainConfig:
     # Synthetic outliers per real image of a batch (models.datasets.outliers): negatives of
     # every caption, and with variance "spread" fitted to the spread of all captions; 0 = off.
     outlier_fraction: float = 0.0
+    # Weight of the hinge that ranks each caption above itself with one shape or colour word
+    # swapped (models.datasets.counterfactuals; shapes-style datasets); 0 = off.
+    counterfactual_weight: float = 0.0
+    # Which counterfactuals that weight applies to: "captions" (a word swapped), "images" (the
+    # image re-rendered with one object's shape swapped; shapes data only) or "both".
+    counterfactuals: str = "both"
     div_weight: float = 0.1  # pvse: weight of the diversity loss (lambda_1 of the paper)
     mmd_weight: float = 0.01  # pvse: weight of the MMD loss (lambda_2 of the paper)
     seed: int = 0
@@ -330,9 +337,15 @@ class TrainConfig:
                 f"unknown positives {self.positives!r}; choose one of {', '.join(POSITIVES)}"
             )
         weights = (self.vib_beta, self.uniformity_weight, self.pseudo_positive_weight,
-                   self.div_weight, self.mmd_weight, self.label_weight)  # fmt: skip
+                   self.div_weight, self.mmd_weight, self.label_weight,
+                   self.counterfactual_weight)  # fmt: skip
         if min(weights) < 0:
             raise ConfigError("regulariser weights must be >= 0")
+        if self.counterfactuals not in COUNTERFACTUALS:
+            raise ConfigError(
+                f"unknown counterfactuals {self.counterfactuals!r}; "
+                f"choose one of {', '.join(COUNTERFACTUALS)}"
+            )
         if not 0.0 <= self.outlier_fraction <= 1.0:
             raise ConfigError(f"outlier fraction must be in [0, 1], got {self.outlier_fraction}")
         if self.outlier_fraction > 0 and self.objective != "hinge":

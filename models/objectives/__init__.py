@@ -18,7 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from models.networks.model_config import ModelConfig, TrainConfig
-from models.objectives.hinge import hinge_triplet_loss, similarity_matrix
+from models.objectives.hinge import (
+    counterfactual_hinge_loss,
+    hinge_triplet_loss,
+    similarity_matrix,
+)
 from models.objectives.match_probability import pcme_loss, pcmepp_loss
 from models.objectives.regularizers import partner_spread_loss, uniformity_loss, vib_loss
 
@@ -39,6 +43,12 @@ class BatchEmbeddings:
     matches: torch.Tensor
     partners: torch.Tensor | None = None  # (B, M) plausible matches, for variance "spread"
     outliers: int = 0  # the last `outliers` images are synthetic outliers (no caption is theirs)
+    # Swapped captions (K, D) each, and the caption (K,) each one swaps; see
+    # models.datasets.counterfactuals.
+    counterfactuals: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # Images with one object's shape swapped (K, D) each, one per caption they make miss, and
+    # the caption (K,) each one is scored with.
+    swapped_images: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def batch_loss(
@@ -77,6 +87,11 @@ def batch_loss(
             batch.matches,
             caption_side_matches=train_config.positives != "plausible_images",
         )
+    swaps = batch.counterfactuals is not None or batch.swapped_images is not None
+    if swaps and train_config.counterfactual_weight > 0:
+        loss = loss + train_config.counterfactual_weight * _counterfactual_term(
+            batch, model_config, train_config.margin
+        )
     frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
     if train_config.variance_objective == "spread" and batch.partners is not None:
         loss = loss + partner_spread_loss(*frozen_means, batch.partners, batch.outliers)
@@ -96,4 +111,35 @@ def batch_loss(
     if train_config.uniformity_weight > 0:
         joint = torch.cat([batch.image_mu, batch.caption_mu])
         loss = loss + train_config.uniformity_weight * uniformity_loss(joint)
+    return loss
+
+
+def _counterfactual_term(
+    batch: BatchEmbeddings, model_config: ModelConfig, margin: float
+) -> torch.Tensor:
+    """The counterfactual hinges of the batch: the image a caption belongs to ranks the caption
+    above its swapped captions, and the caption ranks that image above its swapped image."""
+
+    def paired(image: tuple[torch.Tensor, ...], caption: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        similarity = similarity_matrix(
+            model_config.model_type, model_config.metric, *image, *caption
+        )
+        return similarity.diagonal()
+
+    def image_of(of: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = batch.caption_image[of]
+        return batch.image_mu[rows], batch.image_logvar[rows]
+
+    def caption(of: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch.caption_mu[of], batch.caption_logvar[of]
+
+    loss = batch.image_mu.new_zeros(())
+    if batch.counterfactuals is not None:
+        mu, logvar, of = batch.counterfactuals
+        own = paired(image_of(of), caption(of))
+        loss = loss + counterfactual_hinge_loss(own, paired(image_of(of), (mu, logvar)), margin)
+    if batch.swapped_images is not None:
+        mu, logvar, of = batch.swapped_images
+        own = paired(image_of(of), caption(of))
+        loss = loss + counterfactual_hinge_loss(own, paired((mu, logvar), caption(of)), margin)
     return loss

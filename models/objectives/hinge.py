@@ -81,3 +81,16 @@ def hinge_triplet_loss(
     else:
         per_pair = image_cost.sum(dim=0) + caption_cost.sum(dim=1)  # (N_cap,)
     return per_pair.mean()
+
+
+def counterfactual_hinge_loss(
+    own: torch.Tensor, swapped: torch.Tensor, margin: float = DEFAULT_MARGIN
+) -> torch.Tensor:
+    """Mean over (image, caption, swapped caption) triples of max(0, margin + s(image,
+    swapped) - s(image, caption)): an image ranks its caption above the same caption with one
+    attribute swapped (models.datasets.counterfactuals). own, swapped: (K,); 0 when K = 0."""
+    if own.shape != swapped.shape:
+        raise ValueError(f"need matching shapes, got {tuple(own.shape)} and {tuple(swapped.shape)}")
+    if own.numel() == 0:
+        return own.sum()
+    return (margin + swapped - own).clamp(min=0).mean()

@@ -243,7 +243,7 @@ def _gaussian_batch_loss(
 ) -> torch.Tensor:
     """The objective of one batch of a non-pvse model; rows are (image rows (B,), caption rows
     (M,), owner (M,)). Synthetic outliers, when asked for, join the images after the real ones
-    and match no caption."""
+    and match no caption; swapped images are encoded with them and scored apart."""
     image_rows, caption_rows, owner = rows
     device = images.device
     count = round(config.outlier_fraction * len(image_rows))
@@ -251,23 +251,85 @@ def _gaussian_batch_loss(
         pixels = synthetic_outliers(count, model.config.image_size, outlier_rng)
         extra = torch.from_numpy(normalize_uint8(pixels, model.config)).to(device)
         images = torch.cat([images, extra])
-    image_mu, image_logvar = model.encode_images(images, generator, stochastic=True)
+    image_swaps = _image_swaps(split, rows, config, model.config)
+    (image_mu, image_logvar), swapped_images = _encode_with_swaps(
+        model, images, image_swaps, generator
+    )
     caption_mu, caption_logvar = model.encode_texts(*captions, generator, stochastic=True)
     plausible = None
     if config.positives != "pairs" or config.variance_objective == "spread":
         plausible = split.batch_plausible(image_rows, caption_rows).to(device)
         plausible = torch.cat([plausible, plausible.new_zeros(count, plausible.shape[1])])
-    own = torch.arange(len(images), device=device)[:, None] == owner[None, :]
+    own = torch.arange(len(image_mu), device=device)[:, None] == owner[None, :]
     matches = own if config.positives == "pairs" else plausible
     batch = BatchEmbeddings(
-        image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible, count
-    )
+        image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible, count,
+        _swapped_captions(model, split, caption_rows, generator, config),
+        swapped_images,
+    )  # fmt: skip
     match = (model.match_scale, model.match_shift)
     loss = batch_loss(batch, model.config, config, match, negatives, generator)
     if probe is not None:
         labels = split.labels[image_rows].to(device)
         loss = loss + config.label_weight * label_loss(probe, image_mu[: len(image_rows)], labels)
     return loss
+
+
+def _encode_with_swaps(
+    model: ProbabilisticModel,
+    images: torch.Tensor,
+    image_swaps: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    generator: torch.Generator,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...] | None]:
+    """Encode the batch's images and its swapped images in one pass (one set of batch-norm
+    statistics): ((mu, logvar) of `images`, (mu, logvar, caption position) of each swapped
+    image per caption it makes miss, or None)."""
+    if image_swaps is None:
+        return model.encode_images(images, generator, stochastic=True), None
+    pixels, missed, position = (t.to(images.device) for t in image_swaps)
+    mu, logvar = model.encode_images(torch.cat([images, pixels]), generator, stochastic=True)
+    real = len(images)
+    swapped = (mu[real:][position], logvar[real:][position], missed)
+    return (mu[:real], logvar[:real]), swapped
+
+
+def _swapped_captions(
+    model: ProbabilisticModel,
+    split: SplitTensors,
+    caption_rows: torch.Tensor,
+    generator: torch.Generator,
+    config: TrainConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The batch's counterfactual captions, embedded: (mu, logvar, caption position), or None
+    when the run does not use them."""
+    if config.counterfactual_weight == 0 or split.counterfactuals is None:
+        return None
+    ids, lengths, of = split.counterfactuals.of(caption_rows)
+    if len(of) == 0:
+        return None
+    device = next(model.parameters()).device
+    mu, logvar = model.encode_texts(ids.to(device), lengths.to(device), generator, stochastic=True)
+    return mu, logvar, of.to(device)
+
+
+def _image_swaps(
+    split: SplitTensors,
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    config: TrainConfig,
+    model_config: ModelConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The batch's images with one shape swapped, normalised (K_i, 3, H, W); the batch
+    position of each caption they make miss (K,); and the swapped image of each (K,) among
+    the K_i. None when the run does not use them."""
+    if config.counterfactual_weight == 0 or split.image_counterfactuals is None:
+        return None
+    image_rows, caption_rows, owner = rows
+    swaps = split.image_counterfactuals
+    swapped, missed, position = swaps.of(image_rows, caption_rows, owner.cpu())
+    if len(missed) == 0:
+        return None
+    pixels = torch.from_numpy(normalize_uint8(swaps.pixels[swapped].numpy(), model_config))
+    return pixels, missed, position
 
 
 def _step(
@@ -384,7 +446,7 @@ def _label_probe(
     """The label probe of `train_config.label_weight` (None when it is 0); refuses the
     options a pvse model cannot train with."""
     if model_config.model_type == "pvse":
-        for name in ("label_weight", "outlier_fraction"):
+        for name in ("label_weight", "outlier_fraction", "counterfactual_weight"):
             if getattr(train_config, name):
                 raise ConfigError(f"{name} is not supported for pvse models; leave it at 0")
     if train_config.label_weight == 0:
@@ -425,7 +487,10 @@ def train(
     model_config, train_config, state = _start_state(out_dir, model_config, train_config, resume)
     tokenizer = Tokenizer.load(out_dir / VOCAB_FILE) if state else None
     with deterministic(train_config.seed):
-        train_split, val_split, tokenizer = load_splits(data_dir, model_config, tokenizer)
+        swaps = train_config.seed if train_config.counterfactual_weight > 0 else None
+        train_split, val_split, tokenizer = load_splits(
+            data_dir, model_config, tokenizer, swaps, train_config.counterfactuals
+        )
         model_config = model_config.replace(vocab_size=len(tokenizer))
         out_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(out_dir / VOCAB_FILE)

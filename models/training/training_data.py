@@ -4,12 +4,13 @@ and the image-major batches of one epoch."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from models.datasets.counterfactuals import counterfactual_texts, swapped_shape_scene
 from models.datasets.records import (
     CaptionRecord,
     ImageRecord,
@@ -17,7 +18,10 @@ from models.datasets.records import (
     load_dataset,
     plausible_match_matrix,
 )
-from models.networks.model_config import ModelConfig
+from models.datasets.shapes import DATASET_NAME as SHAPES_NAME
+from models.datasets.shapes import image_index
+from models.datasets.shapes_render import render_scene, sample_scene
+from models.networks.model_config import COUNTERFACTUALS, ModelConfig
 from models.networks.preprocess import (
     InvalidImageError,
     load_image,
@@ -31,6 +35,56 @@ class TrainingDataError(ValueError):
     """A dataset that cannot be trained on (no captions, no val split, a corrupt image...)."""
 
 
+IMAGE_SWAP_STREAM = 1  # rng stream of the image swaps, apart from the caption swaps
+
+
+@dataclass(frozen=True)
+class Counterfactuals:
+    """Swapped captions of a split (models.datasets.counterfactuals), K of them in all.
+
+    ids: int64 (K, T) padded token ids; lengths: int64 (K,); caption: int64 (K,) the caption
+    row each one was made from (a caption has up to one per attribute).
+    """
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    caption: torch.Tensor
+
+    def of(self, caption_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The counterfactuals of a batch's captions: ids (K_b, T_b) trimmed, lengths (K_b,),
+        and the position in `caption_rows` of the caption each one swaps (K_b,)."""
+        size = int(torch.cat([self.caption, caption_rows, torch.zeros(1, dtype=torch.int64)]).max())
+        size += 1
+        position = torch.full((size,), -1, dtype=torch.int64)
+        position[caption_rows] = torch.arange(len(caption_rows))
+        rows = (position[self.caption] >= 0).nonzero().squeeze(1)
+        lengths = self.lengths[rows]
+        width = int(lengths.max()) if len(rows) else 1
+        return self.ids[rows, :width], lengths, position[self.caption[rows]]
+
+
+@dataclass(frozen=True)
+class ImageCounterfactuals:
+    """Each image of a split re-rendered with one object's shape swapped.
+
+    pixels: uint8 (N_img, 3, H, W) the swapped images (the original where none was made);
+    misses: bool (N_cap,) caption j matches its image but not the swapped one.
+    """
+
+    pixels: torch.Tensor
+    misses: torch.Tensor
+
+    def of(
+        self, image_rows: torch.Tensor, caption_rows: torch.Tensor, owner: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For a batch: the image rows to swap (K_i,), and for each caption of the batch that
+        a swap misses, its position in the batch (K,) and the position of its swapped image
+        among the K_i (K,)."""
+        missed = self.misses[caption_rows].nonzero().squeeze(1)  # caption positions
+        swapped, position = torch.unique(owner[missed], return_inverse=True)
+        return image_rows[swapped], missed, position
+
+
 @dataclass(frozen=True)
 class SplitTensors:
     """One split in memory.
@@ -40,7 +94,8 @@ class SplitTensors:
     plausible: bool (N_cap, N_img) the dataset's plausible matches (validation split only);
     caption_records, image_records: the records in row order, to judge plausible matches
     between the items of a batch; labels: float32 (N_img, L) multi-hot over the dataset's
-    label names (L = 0 for a dataset without labels).
+    label names (L = 0 for a dataset without labels); counterfactuals: swapped captions
+    (train split, when asked for).
     """
 
     pixels: torch.Tensor
@@ -51,6 +106,8 @@ class SplitTensors:
     caption_records: tuple[CaptionRecord, ...] = ()
     image_records: tuple[ImageRecord, ...] = ()
     labels: torch.Tensor | None = None
+    counterfactuals: Counterfactuals | None = None
+    image_counterfactuals: ImageCounterfactuals | None = None
 
     def batch_plausible(self, image_rows: torch.Tensor, caption_rows: torch.Tensor) -> torch.Tensor:
         """(B, M) bool: caption m of the batch plausibly matches image b of the batch (for a
@@ -69,10 +126,16 @@ class SplitTensors:
 
 
 def load_splits(
-    data_dir: Path | str, config: ModelConfig, tokenizer: Tokenizer | None = None
+    data_dir: Path | str,
+    config: ModelConfig,
+    tokenizer: Tokenizer | None = None,
+    counterfactual_seed: int | None = None,
+    counterfactual_kinds: str = "both",
 ) -> tuple[SplitTensors, SplitTensors, Tokenizer]:
     """Read the train and val splits of a dataset dir; build the vocabulary from the train
-    captions unless `tokenizer` is given (a resumed run reuses its vocab.json)."""
+    captions unless `tokenizer` is given (a resumed run reuses its vocab.json). With a
+    `counterfactual_seed`, the train split carries the counterfactuals of
+    `counterfactual_kinds` ("captions", "images" or "both") drawn with it."""
     dataset = load_dataset(data_dir)
     train, val = dataset.split("train"), dataset.split("val")
     for name, split in (("train", train), ("val", val)):
@@ -84,14 +147,24 @@ def load_splits(
     if tokenizer is None:
         tokenizer = Tokenizer.build(c.text for c in train.captions)
     return (
-        _to_tensors(train, config, tokenizer),
+        _with_counterfactuals(
+            _to_tensors(train, config, tokenizer),
+            train,
+            tokenizer,
+            config,
+            counterfactual_seed,
+            counterfactual_kinds,
+        ),
         _to_tensors(val, config, tokenizer, with_plausible=True),
         tokenizer,
     )
 
 
 def _to_tensors(
-    split: PairedDataset, config: ModelConfig, tokenizer: Tokenizer, with_plausible: bool = False
+    split: PairedDataset,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    with_plausible: bool = False,
 ) -> SplitTensors:
     """Decode the images that have captions and tokenise their captions."""
     captioned = {c.image_id for c in split.captions}
@@ -122,6 +195,63 @@ def _to_tensors(
         tuple(images),
         torch.from_numpy(labels),
     )
+
+
+def _with_counterfactuals(
+    tensors: SplitTensors,
+    split: PairedDataset,
+    tokenizer: Tokenizer,
+    config: ModelConfig,
+    seed: int | None,
+    kinds: str,
+) -> SplitTensors:
+    if seed is None:
+        return tensors
+    if kinds not in COUNTERFACTUALS:
+        raise ValueError(f"unknown counterfactuals {kinds!r}; choose one of {COUNTERFACTUALS}")
+    texts = images = None
+    if kinds in ("captions", "both"):
+        texts = _counterfactual_captions(tensors, tokenizer, config, seed)
+    if kinds in ("images", "both"):
+        images = _counterfactual_images(tensors, split, config, seed)
+    return replace(tensors, counterfactuals=texts, image_counterfactuals=images)
+
+
+def _counterfactual_captions(
+    tensors: SplitTensors, tokenizer: Tokenizer, config: ModelConfig, seed: int
+) -> Counterfactuals:
+    caption_image = tensors.caption_image.tolist()
+    records = tensors.caption_records, tensors.image_records
+    texts = counterfactual_texts(*records, caption_image, seed)
+    made = [(row, text) for row, swaps in enumerate(texts) for text in swaps if text is not None]
+    ids, lengths = tokenizer.encode_batch([t for _, t in made], config.max_caption_tokens)
+    caption = np.array([row for row, _ in made], dtype=np.int64)
+    return Counterfactuals(*(torch.from_numpy(a) for a in (ids, lengths, caption)))
+
+
+def _counterfactual_images(
+    tensors: SplitTensors, split: PairedDataset, config: ModelConfig, seed: int
+) -> ImageCounterfactuals:
+    """Re-render every image of the split with one object's shape swapped (shapes data only:
+    its scenes are a pure function of the dataset seed and the image index)."""
+    if split.meta.get("name") != SHAPES_NAME or "seed" not in split.meta:
+        raise TrainingDataError(
+            "counterfactual images need the shapes dataset (its scenes can be re-rendered); "
+            "use counterfactuals 'captions' for this dataset"
+        )
+    pixels = tensors.pixels.clone()
+    misses = np.zeros(len(tensors.caption_records), dtype=bool)
+    caption_image = tensors.caption_image.numpy()
+    for row, image in enumerate(tensors.image_records):
+        rows = np.flatnonzero(caption_image == row)
+        scene = sample_scene(int(split.meta["seed"]), image_index(image.id))
+        rng = np.random.default_rng([seed, row, IMAGE_SWAP_STREAM])
+        swap = swapped_shape_scene(scene, image, [tensors.caption_records[r] for r in rows], rng)
+        if swap is not None:
+            rendered = resize_to_uint8(render_scene(swap[0]), config.image_size)
+            pixels[row] = torch.from_numpy(rendered)
+            misses[rows] = swap[1]
+    return ImageCounterfactuals(pixels, torch.from_numpy(misses))
 
 
 def image_batch(split: SplitTensors, rows: torch.Tensor, config: ModelConfig) -> torch.Tensor:

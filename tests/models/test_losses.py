@@ -4,7 +4,11 @@ against closed forms written out here."""
 import pytest
 import torch
 
-from models.objectives.hinge import hinge_triplet_loss, similarity_matrix
+from models.objectives.hinge import (
+    counterfactual_hinge_loss,
+    hinge_triplet_loss,
+    similarity_matrix,
+)
 
 
 def loop_triplet_loss(similarity, caption_image, margin, negatives, matches=None, both=True):
@@ -143,3 +147,14 @@ def test_cosine_is_the_dot_product_of_unit_means() -> None:
     )
     expected = torch.nn.functional.cosine_similarity(image_mu[:, None], caption_mu[None], dim=-1)
     torch.testing.assert_close(got, expected)
+
+
+def test_counterfactual_hinge_matches_a_loop() -> None:
+    own, swapped = torch.tensor([0.9, 0.1, 0.5]), torch.tensor([0.2, 0.3, 0.45])
+    expected = (
+        sum(max(0.0, 0.2 + s - o) for o, s in zip(own.tolist(), swapped.tolist(), strict=True)) / 3
+    )
+    assert counterfactual_hinge_loss(own, swapped, 0.2).item() == pytest.approx(expected)
+    assert counterfactual_hinge_loss(torch.zeros(0), torch.zeros(0)).item() == 0.0
+    with pytest.raises(ValueError, match="matching shapes"):
+        counterfactual_hinge_loss(own, swapped[:2])

@@ -1,6 +1,7 @@
 """The probabilistic objectives and regularisers against direct, independent computations."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -178,3 +179,76 @@ def test_hinge_never_uses_a_matching_pair_as_a_negative() -> None:
     term_image = max(0.0, 0.2 + 0.85 - 0.9)  # image 1 vs own image 0, caption 0
     term_caption = max(0.0, 0.2 + 0.85 - 0.7)  # caption 0 vs own caption 2, image 1
     assert (base - loss).item() == pytest.approx((term_image + term_caption) / 3)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "w2"])
+def test_counterfactual_term_scores_each_swap_with_its_captions_image(metric: str) -> None:
+    """batch_loss adds weight x the hinge of s(image, swap) against s(image, caption), where
+    the image is the one owning the swapped caption (checked against a loop over swaps)."""
+    mu_i, lv_i = (t.float() for t in gaussians(3, 4, 1))
+    mu_c, lv_c = (t.float() for t in gaussians(4, 4, 2))
+    mu_s, lv_s = (t.float() for t in gaussians(2, 4, 3))
+    owner, of = torch.tensor([0, 1, 2, 2]), torch.tensor([3, 0])
+    own = torch.arange(3)[:, None] == owner[None, :]
+    config = ModelConfig(metric=metric)
+    plain = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own)
+    swapped = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own, counterfactuals=(mu_s, lv_s, of))
+    training = TrainConfig(counterfactual_weight=2.5)
+    match = (torch.tensor(1.0), torch.tensor(0.0))
+    added = batch_loss(swapped, config, training, match, "sum", None) - batch_loss(
+        plain, config, training, match, "sum", None
+    )
+
+    def score(i: int, mu: torch.Tensor, lv: torch.Tensor) -> float:
+        if metric == "cosine":
+            return float(mu_i[i] @ mu)
+        var_i, var = lv_i[i].exp(), lv.exp()
+        return -float(((mu_i[i] - mu) ** 2).sum() + ((var_i.sqrt() - var.sqrt()) ** 2).sum())
+
+    terms = [
+        max(
+            0.0,
+            0.2 + score(int(owner[c]), mu_s[k], lv_s[k]) - score(int(owner[c]), mu_c[c], lv_c[c]),
+        )
+        for k, c in enumerate(of.tolist())
+    ]
+    assert added.item() == pytest.approx(2.5 * sum(terms) / 2, rel=1e-5, abs=1e-6)
+    assert sum(terms) > 0
+
+
+@pytest.mark.parametrize("metric", ["cosine", "w2"])
+def test_swapped_image_term_scores_each_caption_with_its_image_and_its_swap(metric: str) -> None:
+    """With swapped images, batch_loss adds weight x the hinge of s(swapped image, caption)
+    against s(caption's own image, caption), one triple per caption a swap misses (checked
+    against a loop); with both kinds the two hinges add up."""
+    mu_i, lv_i = (t.float() for t in gaussians(3, 4, 1))
+    mu_c, lv_c = (t.float() for t in gaussians(4, 4, 2))
+    mu_w, lv_w = (t.float() for t in gaussians(3, 4, 5))
+    owner, of = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 3])
+    own = torch.arange(3)[:, None] == owner[None, :]
+    config = ModelConfig(metric=metric)
+    training = TrainConfig(counterfactual_weight=1.5)
+    match = (torch.tensor(1.0), torch.tensor(0.0))
+    plain = batch_loss(BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own), config, training,
+                       match, "sum", None)  # fmt: skip
+    swapped = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own, swapped_images=(mu_w, lv_w, of))
+    added = batch_loss(swapped, config, training, match, "sum", None) - plain
+
+    def score(image: tuple[torch.Tensor, torch.Tensor], c: int) -> float:
+        if metric == "cosine":
+            return float(image[0] @ mu_c[c])
+        var_i, var = image[1].exp(), lv_c[c].exp()
+        return -float(((image[0] - mu_c[c]) ** 2).sum() + ((var_i.sqrt() - var.sqrt()) ** 2).sum())
+
+    own = [score((mu_i[owner[c]], lv_i[owner[c]]), c) for c in of.tolist()]
+    terms = [
+        max(0.0, 0.2 + score((mu_w[k], lv_w[k]), c) - own[k]) for k, c in enumerate(of.tolist())
+    ]
+    assert sum(terms) > 0
+    assert added.item() == pytest.approx(1.5 * sum(terms) / 3, rel=1e-5, abs=1e-6)
+    mu_s, lv_s = (t.float() for t in gaussians(1, 4, 3))
+    both = replace(swapped, counterfactuals=(mu_s, lv_s, torch.tensor([0])))
+    caption_only = replace(swapped, swapped_images=None, counterfactuals=both.counterfactuals)
+    combined = batch_loss(both, config, training, match, "sum", None) - plain
+    separate = batch_loss(caption_only, config, training, match, "sum", None) - plain + added
+    assert combined.item() == pytest.approx(separate.item(), rel=1e-5, abs=1e-6)

@@ -15,7 +15,7 @@ from models.datasets.shapes import generate_shapes
 from models.networks.model_config import ModelConfig
 from models.networks.probabilistic_model import build_model
 from models.training.train import TrainConfig, train
-from models.training.training_data import load_splits
+from models.training.training_data import epoch_batches, load_splits
 
 from .conftest import TINY_TRAINING
 
@@ -139,6 +139,9 @@ def test_cli_trains_and_prints_one_line_per_epoch(small_shapes, tmp_path) -> Non
         (("--model-type", "pvse", "--outlier-fraction", "0.5"), "not supported for pvse"),
         (("--objective", "pcme", "--outlier-fraction", "0.25"), "hinge objective only"),
         (("--outlier-fraction", "2"), "outlier fraction must be in [0, 1]"),
+        (("--model-type", "pvse", "--counterfactual-weight", "1"), "not supported for pvse"),
+        (("--counterfactual-weight", "-1"), "regulariser weights must be >= 0"),
+        (("--counterfactuals", "words"), "unknown counterfactuals 'words'"),
     ],
 )
 def test_cli_bad_options_are_one_line_errors(small_shapes, tmp_path, extra, message) -> None:
@@ -146,6 +149,22 @@ def test_cli_bad_options_are_one_line_errors(small_shapes, tmp_path, extra, mess
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_refuses_swapped_images_of_data_it_cannot_render(small_shapes, tmp_path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(small_shapes, other)
+    meta = json.loads((other / "dataset.json").read_text())
+    (other / "dataset.json").write_text(json.dumps({**meta, "name": "photos"}))
+    result = invoke_train(other, tmp_path / "m", "--counterfactual-weight", "1")
+    assert (
+        result.exit_code == 2 and "counterfactual images need the shapes dataset" in result.output
+    )
+    assert "Traceback" not in result.output
+    captions_only = invoke_train(
+        other, tmp_path / "c", "--counterfactual-weight", "1", "--counterfactuals", "captions"
+    )
+    assert captions_only.exit_code == 0, captions_only.output
 
 
 def test_cli_reports_missing_captions_and_corrupt_images(small_shapes, tmp_path) -> None:
@@ -225,3 +244,54 @@ def test_outliers_join_the_batches_seeded(small_shapes, tmp_path) -> None:
     changed = [n for n, t in state_of(tmp_path / "plain").items()
                if not torch.equal(state_of(tmp_path / "a")[n], t)]  # fmt: skip
     assert any(n.startswith("image_encoder.heads.logvar") for n in changed), changed
+
+
+def test_a_batch_gets_the_swaps_of_its_own_captions(small_shapes) -> None:
+    train_split, val_split, _ = load_splits(small_shapes, ModelConfig(embed_dim=8), None, 0)
+    swaps = train_split.counterfactuals
+    assert val_split.counterfactuals is None and swaps is not None and len(swaps.caption) > 40
+    caption_rows = torch.tensor([31, 2, 20, 11, 1])
+    ids, lengths, position = swaps.of(caption_rows)
+    rows = caption_rows.tolist()
+    expected = [(m, k) for k, c in enumerate(swaps.caption.tolist()) for m in range(len(rows))
+                if rows[m] == c]  # fmt: skip
+    assert len(expected) == len(position) > 0
+    for (m, k), at, got, length in zip(expected, position, ids, lengths, strict=True):
+        assert int(at) == m and int(length) == int(swaps.lengths[k])
+        assert torch.equal(got[:length], swaps.ids[k, :length])
+
+
+def test_a_batch_gets_the_swapped_images_of_its_own_captions(small_shapes) -> None:
+    """Each image carries a re-render with one shape swapped (new pixels exactly where one of
+    its captions is flagged as missed); a batch is given the swapped image of every caption
+    the swap makes miss, and no other."""
+    config = ModelConfig(embed_dim=8)
+    train_split, _, _ = load_splits(small_shapes, config, None, 0, "images")
+    swaps = train_split.image_counterfactuals
+    assert train_split.counterfactuals is None and swaps is not None
+    assert swaps.misses.float().mean() > 0.3
+    for row, image in enumerate(train_split.image_records):
+        captions = (train_split.caption_image == row).nonzero().squeeze(1)
+        same = torch.equal(swaps.pixels[row], train_split.pixels[row])
+        assert same == (not swaps.misses[captions].any())
+        for c in captions.tolist():
+            if swaps.misses[c]:
+                assert is_plausible_match(train_split.caption_records[c], image)
+    image_rows, caption_rows, owner = next(epoch_batches(train_split, 6, 0, 0, 0))
+    swapped, missed, position = swaps.of(image_rows, caption_rows, owner)
+    assert missed.tolist() == [m for m, c in enumerate(caption_rows.tolist()) if swaps.misses[c]]
+    assert swapped[position].tolist() == image_rows[owner[missed]].tolist()
+
+
+def test_counterfactuals_change_what_is_learnt_and_are_seeded(small_shapes, tmp_path) -> None:
+    config = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
+    swapped = TrainConfig(**{**QUICK.__dict__, "counterfactual_weight": 1.0})
+    quiet = {"progress": False, "export": False, "log": lambda line: None}
+    train(small_shapes, tmp_path / "a", config, swapped, **quiet)
+    train(small_shapes, tmp_path / "b", config, swapped, **quiet)
+    train(small_shapes, tmp_path / "plain", config, QUICK, **quiet)
+    for name, tensor in state_of(tmp_path / "a").items():
+        torch.testing.assert_close(state_of(tmp_path / "b")[name], tensor, rtol=0, atol=0)
+    changed = [n for n, t in state_of(tmp_path / "plain").items()
+               if not torch.equal(state_of(tmp_path / "a")[n], t)]  # fmt: skip
+    assert any(n.startswith("image_encoder.blocks") for n in changed), changed
