@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipe_sweep import RECIPES, STRIDED, Recipe, dataset
+from recipe_sweep import FIRST_TRAINING, RECIPES, STRIDED, Recipe, dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = (  # (direction, retrieval key, column title)
@@ -54,7 +54,7 @@ def run_one(recipe: Recipe, seed: int, data: Path, work_dir: Path, epochs: int) 
     if not (model_dir / "text_encoder.onnx").is_file():
         model, training = demo_model(DemoPlan(images=recipe.images, epochs=epochs, seed=seed))
         model = replace(model, **{**STRIDED, **recipe.model})
-        training = replace(training, **{"outlier_fraction": 0.0, **recipe.training}, seed=seed)
+        training = replace(training, **{**FIRST_TRAINING, **recipe.training}, seed=seed)
         train(data, model_dir, model, training, progress=False, log=lambda _: None)
     history = json.loads((model_dir / "history.json").read_text())
     train_s = sum(epoch["seconds"] for epoch in history)  # as measured when it was trained

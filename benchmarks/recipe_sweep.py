@@ -44,11 +44,12 @@ class Recipe:
 WIDE = {"cnn_channels": (32, 64, 128, 256), "image_features": 256}
 WIDER = {"cnn_channels": (64, 128, 256, 256), "image_features": 256}
 PLAUSIBLE = {"positives": "plausible"}
-# Every recipe starts from the demo's recipe with the strided trunk it was first measured
-# with (the demo now carries the max-pool trunk, service.demo.DEMO_TRUNK); a recipe's own
-# model fields go on top.
+# Every recipe starts from the demo's recipe as it was first measured: the strided trunk with
+# MC-dropout 0.1, no outliers, no counterfactuals (the demo has since taken the max-pool trunk,
+# service.demo.DEMO_TRUNK, and the rest); a recipe's own fields go on top.
 STRIDED = {"image_pooling": "grid", "cnn_downsample": "stride", "stem_stride": 2,
-           "cnn_channels": (16, 32, 64, 128)}  # fmt: skip
+           "cnn_channels": (16, 32, 64, 128), "dropout": 0.1}  # fmt: skip
+FIRST_TRAINING = {"outlier_fraction": 0.0, "counterfactual_weight": 0.0}
 OBJECTS = {"image_pooling": "objects"}
 MAXPOOL_OBJECTS = {**OBJECTS, "cnn_downsample": "maxpool", "stem_stride": 1}
 NARROW_OBJECTS = {**MAXPOOL_OBJECTS, "cnn_channels": (8, 16, 32, 64)}
@@ -86,6 +87,31 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("narrow-plausible-images", model=NARROW_OBJECTS,
            training={"positives": "plausible_images"}),
     Recipe("narrow-outliers", model=NARROW_OBJECTS, training={"outlier_fraction": 0.25}),
+    Recipe("narrow-swaps", model=NARROW_OBJECTS,
+           training={"counterfactual_weight": 1.0, "counterfactuals": "captions"}),
+    Recipe("narrow-swaps-3", model=NARROW_OBJECTS,
+           training={"counterfactual_weight": 3.0, "counterfactuals": "captions"}),
+    Recipe("narrow-swaps-outliers", model=NARROW_OBJECTS,
+           training={"counterfactual_weight": 1.0, "counterfactuals": "captions",
+                     "outlier_fraction": 0.25}),
+    Recipe("narrow-image-swaps", model=NARROW_OBJECTS,
+           training={"counterfactual_weight": 1.0, "counterfactuals": "images"}),
+    Recipe("narrow-image-swaps-10", model=NARROW_OBJECTS,
+           training={"counterfactual_weight": 10.0, "counterfactuals": "images"}),
+    Recipe("narrow-both-swaps-30", model=NARROW_OBJECTS,
+           training={"counterfactual_weight": 30.0, "counterfactuals": "both"}),
+    Recipe("narrow-image-swaps-10-nodrop", model={**NARROW_OBJECTS, "dropout": 0.0},
+           training={"counterfactual_weight": 10.0, "counterfactuals": "images"}),
+    Recipe("wide-image-swaps-10", model={**NARROW_OBJECTS, "cnn_channels": (16, 32, 64, 128)},
+           training={"counterfactual_weight": 10.0, "counterfactuals": "images"}),
+    Recipe("narrow-nodrop-outliers", model={**NARROW_OBJECTS, "dropout": 0.0},
+           training={"outlier_fraction": 0.25}),
+    Recipe("narrow-image-swaps-10-nodrop-outliers", model={**NARROW_OBJECTS, "dropout": 0.0},
+           training={"counterfactual_weight": 10.0, "counterfactuals": "images",
+                     "outlier_fraction": 0.25}),
+    Recipe("narrow-both-swaps-outliers", model=NARROW_OBJECTS,
+           training={"counterfactual_weight": 1.0, "counterfactuals": "both",
+                     "outlier_fraction": 0.25}),
     Recipe("vse", model={"model_type": "vse"}, training={"variance_objective": ""}),
     Recipe("vse-mp1-narrow-objects", model={"model_type": "vse", **NARROW_OBJECTS},
            training={"variance_objective": ""}),
@@ -116,7 +142,7 @@ def run_recipe(recipe: Recipe, work_dir: Path, selection: Path, threads: int) ->
     if not (model_dir / "text_encoder.onnx").is_file():
         model, training = demo_model(DemoPlan(images=recipe.images))
         model = replace(model, **{**STRIDED, **recipe.model})
-        training = replace(training, **{"outlier_fraction": 0.0, **recipe.training})
+        training = replace(training, **{**FIRST_TRAINING, **recipe.training})
         data = dataset(work_dir, recipe.images, DATA_SEED)
         train(data, model_dir, model, training, progress=False, log=lambda _: None)
     train_s = time.perf_counter() - started
