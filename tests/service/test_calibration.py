@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indexer.calibration import CalibrationError, Target, candidate_name, select_threshold
+from indexer.calibration import (
+    CalibrationError,
+    Target,
+    candidate_name,
+    select_threshold,
+    summarise,
+)
 from indexer.manifest import read_manifest, verify_checksums
 from indexer.registry import ActiveRegistry
 from models.scoring.query_scores import SCORE_NAMES
@@ -63,6 +69,22 @@ def test_coverage_threshold_keeps_at_least_the_fraction() -> None:
     mi = np.array([0.3, 0.1, 0.2, 0.4])
     tau, kept = select_threshold(mi, np.ones(4, dtype=bool), Target(coverage=0.5))
     assert (tau, kept) == (0.2, 2)
+
+
+def test_a_score_constant_up_to_round_off_is_never_chosen() -> None:
+    """MI of a model without dropout is 0 up to float round-off; that round-off can rank the
+    val queries perfectly by chance, and must not win over a score that varies."""
+    rng = np.random.default_rng(0)
+    correct = rng.random(200) < 0.5
+    round_off = np.where(correct, 0.0, 1e-17)  # a perfect ranking, by accident
+    log_det = np.where(correct, 0.0, 1.0) + rng.normal(0, 1.0, 200)  # weaker, but real
+    scores = {"mutual_information@T0.1": round_off, "log_det": log_det}
+    chosen = summarise("w2", (0.1,), scores, correct, Target(coverage=0.8))
+    assert chosen.score == "log_det"
+    assert chosen.normalized_auprc["mutual_information@T0.1"] > chosen.normalized_auprc["log_det"]
+    only_constant = summarise("w2", (0.1,), {"mutual_information@T0.1": round_off}, correct,
+                              Target(coverage=0.8))  # fmt: skip
+    assert only_constant.score == "mutual_information"
 
 
 @pytest.mark.parametrize(
