@@ -13,7 +13,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +146,15 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def _stage_keys(plan: DemoPlan) -> dict[str, dict[str, Any]]:
-    """For each stage, the plan fields its output depends on (its own and earlier stages')."""
+    """For each stage, the plan fields its output depends on (its own and earlier stages');
+    from the model stage on, also the whole recipe of demo_model, so a cached model trained
+    with another recipe is retrained."""
     keys, fields = {}, {}
     for name, own in STAGES:
         fields.update({field: getattr(plan, field) for field in own})
+        if name == "model":
+            model, training = demo_model(plan)
+            fields["recipe"] = {"model": asdict(model), "training": asdict(training)}
         keys[name] = json.loads(json.dumps(fields))
     return keys
 

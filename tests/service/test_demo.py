@@ -82,3 +82,13 @@ def test_a_changed_plan_field_rebuilds_its_stage_and_the_later_ones(tmp_path: Pa
     assert list(_done_stages(paths, new_target)) == ["data", "model", "indexes"]
     new_seed = _stage_keys(dataclasses.replace(SMALL_PLAN, seed=1))
     assert _done_stages(paths, new_seed) == {}
+
+
+def test_a_changed_recipe_retrains_the_cached_model(tmp_path: Path, monkeypatch) -> None:
+    """A cache built before the demo's recipe changed (here: its outlier fraction) keeps its
+    data but not its model, so an update of probsearch never serves a stale demo model."""
+    paths = DemoPaths(tmp_path)
+    results = {"data": True, "model": True, "indexes": {"image": "v1"}, "calibration": True}
+    _save_state(paths, _stage_keys(SMALL_PLAN), results)
+    monkeypatch.setattr("service.demo.DEMO_OUTLIERS", 0.5)
+    assert _done_stages(paths, _stage_keys(SMALL_PLAN)) == {"data": True}
