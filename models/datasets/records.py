@@ -158,34 +158,54 @@ def is_plausible_match(caption: CaptionRecord, image: ImageRecord) -> bool:
 def plausible_match_matrix(
     captions: Sequence[CaptionRecord], images: Sequence[ImageRecord]
 ) -> np.ndarray:
-    """Boolean (C, I) matrix of is_plausible_match for every caption-image pair, vectorised.
+    """Boolean (C, I) matrix of is_plausible_match for every caption-image pair, vectorised."""
+    return PlausibleMatcher(images).matrix(captions)
+
+
+class PlausibleMatcher:
+    """is_plausible_match of captions against a fixed list of images, vectorised over the images.
 
     Uses Hall's theorem: the named slots can be given distinct objects iff, for every subset S
-    of descriptors, sum of counts in S <= number of objects matching at least one of S. Captions
+    of descriptors, sum of counts in S <= number of objects matching at least one of S. Each
+    distinct set of named descriptors is judged once against every image and remembered, so a
+    training loop that asks for many batches of the same split pays for it once. Captions
     naming more than MAX_HALL_DESCRIPTORS descriptors (2^n subsets) are judged pair by pair.
     """
-    kinds = sorted({(o.shape, o.color, o.size) for im in images for o in im.objects}, key=str)
-    kind_index = {k: i for i, k in enumerate(kinds)}
-    counts = np.zeros((len(images), len(kinds)), dtype=np.int64)  # (I, K)
-    for row, im in enumerate(images):
-        for o in im.objects:
-            counts[row, kind_index[(o.shape, o.color, o.size)]] += 1
-    annotated = counts.sum(axis=1) > 0  # (I,)
-    image_ids = np.array([im.id for im in images], dtype=object)
-    out = np.zeros((len(captions), len(images)), dtype=bool)
-    cache: dict[tuple[Descriptor, ...], np.ndarray] = {}
-    for row, caption in enumerate(captions):
-        same_image = image_ids == caption.image_id  # (I,)
-        if not caption.named:
-            out[row] = same_image
-            continue
-        if len(caption.named) > MAX_HALL_DESCRIPTORS:
-            out[row] = [is_plausible_match(caption, im) for im in images]
-            continue
-        if caption.named not in cache:
-            cache[caption.named] = _hall_condition(caption.named, kinds, counts)
-        out[row] = np.where(annotated, cache[caption.named], same_image)
-    return out
+
+    def __init__(self, images: Sequence[ImageRecord]) -> None:
+        self.images = tuple(images)
+        kinds = {(o.shape, o.color, o.size) for im in images for o in im.objects}
+        self.kinds = sorted(kinds, key=str)
+        kind_index = {k: i for i, k in enumerate(self.kinds)}
+        self.counts = np.zeros((len(images), len(self.kinds)), dtype=np.int64)  # (I, K)
+        for row, im in enumerate(images):
+            for o in im.objects:
+                self.counts[row, kind_index[(o.shape, o.color, o.size)]] += 1
+        self.annotated = self.counts.sum(axis=1) > 0  # (I,)
+        self.row_of_id = {im.id: row for row, im in enumerate(images)}
+        self._hall: dict[tuple[Descriptor, ...], np.ndarray] = {}
+
+    def matrix(
+        self, captions: Sequence[CaptionRecord], columns: np.ndarray | None = None
+    ) -> np.ndarray:
+        """(C, I) bool, or (C, len(columns)) for the images at those rows."""
+        columns = np.arange(len(self.images)) if columns is None else np.asarray(columns)
+        annotated = self.annotated[columns]
+        out = np.zeros((len(captions), len(columns)), dtype=bool)
+        for r, caption in enumerate(captions):
+            same_image = columns == self.row_of_id.get(caption.image_id, -1)
+            if not caption.named:
+                out[r] = same_image
+            elif len(caption.named) > MAX_HALL_DESCRIPTORS:
+                out[r] = [is_plausible_match(caption, self.images[c]) for c in columns]
+            else:
+                out[r] = np.where(annotated, self._hall_row(caption.named)[columns], same_image)
+        return out
+
+    def _hall_row(self, named: tuple[Descriptor, ...]) -> np.ndarray:
+        if named not in self._hall:
+            self._hall[named] = _hall_condition(named, self.kinds, self.counts)
+        return self._hall[named]
 
 
 def _hall_condition(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from models.datasets.records import (
     CaptionRecord,
     ImageRecord,
     PairedDataset,
+    PlausibleMatcher,
     load_dataset,
     plausible_match_matrix,
 )
@@ -113,8 +115,12 @@ class SplitTensors:
         """(B, M) bool: caption m of the batch plausibly matches image b of the batch (for a
         dataset without object annotations, only a caption's own image)."""
         captions = [self.caption_records[int(r)] for r in caption_rows]
-        images = [self.image_records[int(r)] for r in image_rows]
-        return torch.from_numpy(plausible_match_matrix(captions, images)).T
+        return torch.from_numpy(self._matcher.matrix(captions, image_rows.cpu().numpy())).T
+
+    @cached_property
+    def _matcher(self) -> PlausibleMatcher:
+        """Judges captions against every image of the split, remembering each descriptor set."""
+        return PlausibleMatcher(self.image_records)
 
     @property
     def num_images(self) -> int:

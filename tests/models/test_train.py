@@ -186,17 +186,23 @@ def test_cli_reports_missing_captions_and_corrupt_images(small_shapes, tmp_path)
     assert victim["id"] in result.output and "Traceback" not in result.output
 
 
-def test_batch_plausible_matches_the_dataset_judgement(small_shapes) -> None:
+@pytest.mark.parametrize("batches", [1, 3])
+def test_batch_plausible_matches_the_dataset_judgement(small_shapes, batches) -> None:
+    """Also after earlier batches filled the split's memo of judged descriptor sets."""
     train_split, _, _ = load_splits(small_shapes, ModelConfig(embed_dim=8))
-    image_rows, caption_rows = torch.tensor([0, 3, 5, 7]), torch.tensor([1, 2, 11, 20, 31])
-    matrix = train_split.batch_plausible(image_rows, caption_rows)
-    for b, image_row in enumerate(image_rows.tolist()):
-        for m, caption_row in enumerate(caption_rows.tolist()):
-            caption = train_split.caption_records[caption_row]
-            image = train_split.image_records[image_row]
-            assert bool(matrix[b, m]) is is_plausible_match(caption, image)
-    own = train_split.caption_image[caption_rows][None, :] == image_rows[:, None]
-    assert bool(matrix[own].all())  # a caption always plausibly describes its own image
+    generator = torch.Generator().manual_seed(batches)
+    for _ in range(batches):
+        image_rows = torch.randperm(train_split.num_images, generator=generator)[:6]
+        caption_rows = torch.randperm(train_split.num_captions, generator=generator)[:9]
+        matrix = train_split.batch_plausible(image_rows, caption_rows)
+        for b, image_row in enumerate(image_rows.tolist()):
+            for m, caption_row in enumerate(caption_rows.tolist()):
+                caption = train_split.caption_records[caption_row]
+                image = train_split.image_records[image_row]
+                assert bool(matrix[b, m]) is is_plausible_match(caption, image)
+    rows = torch.tensor([0, 3]), torch.nonzero(train_split.caption_image == 3).flatten()
+    matrix = train_split.batch_plausible(*rows)
+    assert bool(matrix[1].all())  # a caption always plausibly describes its own image
 
 
 def test_spread_variance_training_runs_and_reports_variance_health(small_shapes, tmp_path):
