@@ -8,8 +8,13 @@ once at start, and handed to every pool (torch here, ONNX Runtime in encoder_run
 indexer.store); PROBSEARCH_THREADS overrides it.
 
 Two roles, two rules:
-- batch (train, eval, reindex, calibrate, the demo's build): one job owns the process, so
-  each pool gets every CPU (the pools run one after another, never at once).
+- batch (train, eval, reindex, calibrate, the demo's build): half the CPUs, at least one.
+  The pools run one after another, but the machine is shared: measured on 2 cores
+  (benchmarks/results/train_threads.md, seconds per epoch of the demo's training), 2 threads
+  took 7.8 s idle but 26 s beside one busy process (threads wait at every op for the one that
+  lost its core), and with OMP_WAIT_POLICY=PASSIVE, which the CLI sets, 15 s idle; 1 thread
+  took 11 s either way. The same count on every 2-core machine also keeps training
+  reproducible (a thread count changes the order of float reductions).
 - serve: requests overlap, and the event loop, the micro-batchers' worker threads and the
   image decoders need CPU beside the numeric pools, whose per-request work (one query, tens
   of microseconds of arithmetic) gains nothing from splitting it across threads. Each pool
@@ -64,7 +69,7 @@ def thread_budget(role: Role, override: int | None = None, workers: int = 1) -> 
         return ThreadBudget(max(1, override))
     cpus = available_cpus()
     if role == "batch":
-        return ThreadBudget(cpus)
+        return ThreadBudget(max(1, cpus // 2))
     if role == "serve":
         return ThreadBudget(max(1, cpus // (2 * max(1, workers))))
     raise ValueError(f"unknown role {role!r}; choose batch or serve")

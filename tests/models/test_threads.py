@@ -38,7 +38,7 @@ def test_configure_sets_torch_intra_op_threads() -> None:
 
 @pytest.mark.parametrize(
     ("role", "workers", "expected"),
-    [("batch", 1, 8), ("batch", 4, 8), ("serve", 1, 4), ("serve", 2, 2), ("serve", 8, 1)],
+    [("batch", 1, 4), ("batch", 4, 4), ("serve", 1, 4), ("serve", 2, 2), ("serve", 8, 1)],
 )
 def test_budget_rule_per_role(
     monkeypatch: pytest.MonkeyPatch, role: threads.Role, workers: int, expected: int
