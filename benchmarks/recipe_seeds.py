@@ -3,7 +3,9 @@ does a screen's winner stay ahead on data nothing was chosen on, by more than th
 
 Trains every (recipe, training seed) on shapes data seed 7 (its train and val splits) and reads
 the figures on its test split; seed 7 is used neither by docs/results.md (seed 0) nor by the
-sweep that chose the recipes (seeds 3 and 5). Writes mean ± sd over the seeds.
+sweep that chose the recipes (seeds 3 and 5). Writes mean ± sd over the seeds. `--split val
+--metric M` reads the same models on val ranked with M, to choose a metric before the test
+split is read.
 
     python benchmarks/recipe_seeds.py --recipes base,mp1-objects --seeds 0,1,2 --parallel 2
     python benchmarks/recipe_seeds.py --recipes base --seeds 0 --images 300 --epochs 1 \\
@@ -41,8 +43,11 @@ FIGURES = (  # (direction, retrieval key, column title)
 )
 
 
-def run_one(recipe: Recipe, seed: int, data: Path, work_dir: Path, epochs: int) -> dict:
-    """Train (unless cached) one recipe with one training seed and score it on test."""
+def run_one(
+    recipe: Recipe, seed: int, data: Path, work_dir: Path, epochs: int, split: str, metric: str
+) -> dict:
+    """Train (unless cached) one recipe with one training seed and score it on `split`, ranked
+    with `metric` ("" = the model's default)."""
     import torch
 
     from models.evaluation.evaluate import EvalConfig, evaluate_model
@@ -58,7 +63,8 @@ def run_one(recipe: Recipe, seed: int, data: Path, work_dir: Path, epochs: int) 
         train(data, model_dir, model, training, progress=False, log=lambda _: None)
     history = json.loads((model_dir / "history.json").read_text())
     train_s = sum(epoch["seconds"] for epoch in history)  # as measured when it was trained
-    report = evaluate_model(model_dir, data, "test", EvalConfig(mc_samples=0, seed=seed))
+    config = EvalConfig(metrics=(metric,) if metric else (), mc_samples=0, seed=seed)
+    report = evaluate_model(model_dir, data, split, config)
     (metric,) = report["metrics"].values()
     figures = [metric[d]["retrieval"][key] for d, key, _ in FIGURES]
     return {"recipe": recipe.name, "seed": seed, "figures": figures, "train_s": train_s}
@@ -77,7 +83,8 @@ def render(args: argparse.Namespace, results: list[dict], load: float, seconds: 
         f"1 torch thread per run, {args.parallel} runs at once; load (1 min) {load:.1f} at "
         f"start; wall time {seconds / 60:.1f} min.",
         f"Data: shapes seed {args.data_seed}, {args.images} images; trained on its train split "
-        f"(checkpoint chosen on val), figures on its test split, metric of the recipe; "
+        f"(checkpoint chosen on val), figures on its {args.split} split, metric "
+        f"{args.metric or 'of the recipe'}; "
         f"training seeds {args.seeds}; mean ± sample sd over them.",
         "",
         "| recipe | " + " | ".join(title for _, _, title in FIGURES) + " | train min |",
@@ -104,6 +111,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2500)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--split", choices=("val", "test"), default="test")
+    parser.add_argument("--metric", default="", help="rank with this metric (default: the model's)")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "recipe_seeds")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/recipe_seeds.md")
     args = parser.parse_args()
@@ -116,8 +125,9 @@ def main() -> None:
         parser.error(f"unknown recipes {unknown}; see RECIPES in benchmarks/recipe_sweep.py")
     started, load = time.perf_counter(), os.getloadavg()[0]
     data = dataset(args.work_dir, args.images, args.data_seed)
+    known = {n: replace(r, images=args.images) for n, r in known.items()}
     jobs = [
-        (replace(known[n], images=args.images), s, data, args.work_dir, args.epochs)
+        (known[n], s, data, args.work_dir, args.epochs, args.split, args.metric)
         for n in args.recipes
         for s in args.seeds
     ]

@@ -115,6 +115,12 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("vse", model={"model_type": "vse"}, training={"variance_objective": ""}),
     Recipe("vse-mp1-narrow-objects", model={"model_type": "vse", **NARROW_OBJECTS},
            training={"variance_objective": ""}),
+    Recipe("vse-narrow-nodrop", model={"model_type": "vse", **NARROW_OBJECTS, "dropout": 0.0},
+           training={"variance_objective": ""}),
+    Recipe("vse-narrow-image-swaps-10-nodrop",
+           model={"model_type": "vse", **NARROW_OBJECTS, "dropout": 0.0},
+           training={"variance_objective": "", "counterfactual_weight": 10.0,
+                     "counterfactuals": "images"}),
 )
 # fmt: on
 
