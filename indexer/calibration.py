@@ -33,6 +33,7 @@ from models.datasets.records import (
     load_dataset,
 )
 from models.evaluation.rejection_metrics import (
+    is_constant,
     normalized_auprc,
     oracle_rejection,
     precision_coverage,
@@ -46,7 +47,6 @@ from models.scoring.rerank import Ranked, compute_device, exact_rerank
 CALIBRATION_FILE = "calibration.json"
 SCORE_BLOCK = 64  # queries scored together (memory: SCORE_BLOCK x draws x shortlist x D)
 DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
-CONSTANT_TOLERANCE = 1e-9  # relative spread below which a score counts as constant
 
 
 class CalibrationError(ValueError):
@@ -197,12 +197,6 @@ def _score_group(
                 values.setdefault(key, np.zeros(num_queries))[index] = value
 
 
-def _constant(values: np.ndarray) -> bool:
-    """True when the values differ by no more than float64 round-off of their magnitude."""
-    scale = 1.0 + float(np.abs(values).max(initial=0.0))
-    return float(np.ptp(values)) <= CONSTANT_TOLERANCE * scale if values.size else True
-
-
 def summarise(
     metric: str,
     temperatures: Sequence[float],
@@ -218,7 +212,7 @@ def summarise(
         name: normalized_auprc(precision_coverage(values, correct).auprc, chance, best)
         for name, values in scores.items()
     }
-    ranked = [n for n in quality if not math.isnan(quality[n]) and not _constant(scores[n])]
+    ranked = [n for n in quality if not math.isnan(quality[n]) and not is_constant(scores[n])]
     ranked = ranked or list(quality)
     chosen = max(ranked, key=lambda n: (quality[n], -ranked.index(n)))
     score, _, t = chosen.partition("@T")

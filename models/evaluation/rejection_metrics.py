@@ -51,8 +51,21 @@ def _check(uncertainty: np.ndarray, correct: np.ndarray) -> None:
         raise ValueError("uncertainty contains NaN or infinity")
 
 
+CONSTANT_TOLERANCE = 1e-9  # relative spread below which a score counts as constant
+
+
+def is_constant(values: np.ndarray) -> bool:
+    """True when the values differ by no more than float64 round-off of their magnitude (MI
+    and feature uncertainty of a model without dropout): such differences carry no
+    information about the query, only about the order of float operations."""
+    values = np.asarray(values, dtype=np.float64)
+    scale = 1.0 + float(np.abs(values).max(initial=0.0))
+    return float(np.ptp(values)) <= CONSTANT_TOLERANCE * scale if values.size else True
+
+
 def precision_coverage(uncertainty: np.ndarray, correct: np.ndarray) -> PrecisionCoverage:
-    """Precision-coverage curve when keeping the least uncertain queries first.
+    """Precision-coverage curve when keeping the least uncertain queries first. An uncertainty
+    that is constant up to round-off is one tie (random rejection).
 
     Args:
         uncertainty: (Q,) larger means less sure (MI, log-det, feature uncertainty).
@@ -61,6 +74,8 @@ def precision_coverage(uncertainty: np.ndarray, correct: np.ndarray) -> Precisio
     uncertainty = np.asarray(uncertainty, dtype=np.float64)
     correct = np.asarray(correct, dtype=np.float64)
     _check(uncertainty, correct)
+    if is_constant(uncertainty):
+        uncertainty = np.zeros_like(uncertainty)
     order = np.argsort(uncertainty, kind="stable")
     sorted_uncertainty, sorted_correct = uncertainty[order], correct[order]
     # Cumulative correct count at the end of each tie group, linearly interpolated inside it:

@@ -148,3 +148,14 @@ def test_bad_inputs_are_reported() -> None:
         precision_coverage(np.zeros(0), np.zeros(0, dtype=bool))
     with pytest.raises(ValueError, match="NaN"):
         precision_coverage(np.array([np.nan]), np.array([True]))
+
+
+def test_an_uncertainty_constant_up_to_round_off_is_random_rejection() -> None:
+    """Round-off that happens to follow correctness must not count as a ranking."""
+    correct = np.random.default_rng(3).random(80) < 0.5
+    leaky = 0.25 + 1e-12 * correct  # wrong answers look "more certain" by 1e-12
+    assert precision_coverage(leaky, correct).precision == pytest.approx(
+        random_rejection(correct).precision
+    )
+    informative = 0.25 + 1e-6 * correct
+    assert precision_coverage(informative, correct).auprc < random_rejection(correct).auprc
