@@ -44,6 +44,7 @@ from models.evaluation.evaluate import EvalConfig, evaluate_model
 from models.evaluation.report import write_report
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
+from service.demo import DEMO_COUNTERFACTUALS, DEMO_OUTLIERS, DEMO_TRUNK
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Run:
     training: dict[str, Any] = field(default_factory=dict)
     metric: str = "w2"
     extra: tuple[str, ...] = ()
+    reference: str = "vse"  # the point model it is judged against beside vse: same trunk
 
 
 # The models compared: name, ModelConfig overrides, TrainConfig overrides, the metric it is
@@ -75,6 +77,12 @@ RUNS: tuple[Run, ...] = (
     # div_weight, mmd_weight), ranked by the best of the K x K pairs
     Run("pvse-k2", {"model_type": "pvse", "num_embeds": 2}, {}, "max_pair"),
     Run("pvse-k4", {"model_type": "pvse", "num_embeds": 4}, {}, "max_pair"),
+    # The demo's recipe (service.demo.demo_model), and vse with the same trunk and swaps
+    Run("vse-demo-trunk", {"model_type": "vse", **DEMO_TRUNK}, DEMO_COUNTERFACTUALS, "w2"),
+    Run("demo", {"model_type": "gcie", "metric": "cosine", "variance_reads_only": True,
+                 **DEMO_TRUNK},
+        {"variance_objective": "spread", "outlier_fraction": DEMO_OUTLIERS,
+         **DEMO_COUNTERFACTUALS}, "w2", reference="vse-demo-trunk"),
 )
 # fmt: on
 BASELINE = "vse"
@@ -472,9 +480,13 @@ def compare(name: str, reference: str, stats: Stats, with_rejection: bool = Fals
     return lines
 
 
+def _point(run: Run) -> bool:
+    return run.model.get("model_type") == "vse"
+
+
 def best_gaussian(runs: list[Run], stats: Stats) -> str | None:
     """The Gaussian model with the best mean test PMRP over both directions."""
-    gaussian = [r for r in runs if r.name != BASELINE and r.metric != "max_pair"]
+    gaussian = [r for r in runs if not _point(r) and r.metric != "max_pair"]
     return plot_run(gaussian, stats).name if gaussian else None
 
 
@@ -488,6 +500,11 @@ def findings(runs: list[Run], stats: Stats) -> list[str]:
         lines += [
             f"- {run.name} ({run.metric}) against {BASELINE}:",
             *compare(run.name, BASELINE, stats),
+        ]
+    for run in (r for r in runs if r.reference != BASELINE and r.reference in stats):
+        lines += [
+            f"- {run.name} ({run.metric}) against {run.reference}, the point model with its trunk:",
+            *compare(run.name, run.reference, stats),
         ]
     gaussian = best_gaussian(runs, stats)
     for run in (r for r in runs if r.metric == "max_pair" and gaussian):
@@ -537,7 +554,7 @@ def training_section(runs: list[Run], stats: Stats, results: Results) -> list[st
 
 def plot_run(runs: list[Run], stats: Stats) -> Run:
     """The probabilistic run with the best mean test PMRP (both directions)."""
-    candidates = [r for r in runs if r.name != BASELINE] or runs
+    candidates = [r for r in runs if not _point(r)] or runs
 
     def pmrp(run: Run) -> float:
         value = np.mean([stats[run.name][f"retrieval/{d}/pmrp"].mean for d in DIRECTIONS])
