@@ -9,12 +9,13 @@ indexer.store); PROBSEARCH_THREADS overrides it.
 
 Two roles, two rules:
 - batch (train, eval, reindex, calibrate, the demo's build): half the CPUs, at least one.
-  The pools run one after another, but the machine is shared: measured on 2 cores
-  (benchmarks/results/train_threads.md, seconds per epoch of the demo's training), 2 threads
-  took 7.8 s idle but 26 s beside one busy process (threads wait at every op for the one that
-  lost its core), and with OMP_WAIT_POLICY=PASSIVE, which the CLI sets, 15 s idle; 1 thread
-  took 11 s either way. The same count on every 2-core machine also keeps training
-  reproducible (a thread count changes the order of float reductions).
+  The pools run one after another, but the machine is shared. Measured on 2 cores
+  (benchmarks/results/train_threads.md, seconds per epoch of the demo's training): 1 thread
+  took 11-12 s idle and beside a busy process; 2 threads with OpenMP's default waits 7.5 s
+  idle but 28.6 s beside it (each op waits for the thread that lost its core), and 2 threads
+  with OMP_WAIT_POLICY=PASSIVE, which the CLI sets, 11.7 s and 11.8 s: no gain over one.
+  The same count on every 2-core machine also keeps training reproducible (a thread count
+  changes the order of float reductions).
 - serve: requests overlap, and the event loop, the micro-batchers' worker threads and the
   image decoders need CPU beside the numeric pools, whose per-request work (one query, tens
   of microseconds of arithmetic) gains nothing from splitting it across threads. Each pool
