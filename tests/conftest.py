@@ -1,5 +1,13 @@
 """Fixtures shared by every test package: a real Redis server of the tests' own."""
 
+import os
+
+# gRPC (loaded by the Milvus and Ray tests) installs fork handlers that can abort a forked
+# child while gRPC threads are busy; the Redis fixture forks redis-server after those tests,
+# and one CI run lost it that way (exit -6, every Redis test after it errored). Set before
+# anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from collections.abc import Iterator
 
 import pytest
