@@ -147,7 +147,7 @@ def train(
     ] = DEFAULT_TRAINING.outlier_fraction,
     counterfactual_weight: Annotated[
         float,
-        typer.Option(help="weight of ranking each caption above itself with a word swapped"),
+        typer.Option(help="weight of ranking each pair above its swapped counterparts (0 = off)"),
     ] = DEFAULT_TRAINING.counterfactual_weight,
     counterfactuals: Annotated[
         str,

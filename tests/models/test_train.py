@@ -238,18 +238,26 @@ def test_outliers_join_the_batches_seeded(small_shapes, tmp_path) -> None:
     """Synthetic outliers change what is learnt, and a run with them is repeatable; what they
     do to the variance is checked in test_objectives and measured on photographs by
     benchmarks/recipe_seeds.py."""
-    config = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
     plain = TrainConfig(**{**QUICK.__dict__, "variance_objective": "spread"})
     outliers = TrainConfig(**{**plain.__dict__, "outlier_fraction": 0.5})
+    changed = seeded_and_changed(small_shapes, tmp_path, outliers, plain)
+    assert any(n.startswith("image_encoder.heads.logvar") for n in changed), changed
+
+
+def seeded_and_changed(
+    data: Path, tmp_path: Path, variant: TrainConfig, plain: TrainConfig
+) -> list[str]:
+    """Train `variant` twice (asserting identical weights: it is seeded) and `plain` once;
+    the names of the weights where `variant` and `plain` differ."""
+    config = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
     quiet = {"progress": False, "export": False, "log": lambda line: None}
-    train(small_shapes, tmp_path / "a", config, outliers, **quiet)
-    train(small_shapes, tmp_path / "b", config, outliers, **quiet)
-    train(small_shapes, tmp_path / "plain", config, plain, **quiet)
+    train(data, tmp_path / "a", config, variant, **quiet)
+    train(data, tmp_path / "b", config, variant, **quiet)
+    train(data, tmp_path / "plain", config, plain, **quiet)
     for name, tensor in state_of(tmp_path / "a").items():
         torch.testing.assert_close(state_of(tmp_path / "b")[name], tensor, rtol=0, atol=0)
-    changed = [n for n, t in state_of(tmp_path / "plain").items()
-               if not torch.equal(state_of(tmp_path / "a")[n], t)]  # fmt: skip
-    assert any(n.startswith("image_encoder.heads.logvar") for n in changed), changed
+    return [n for n, t in state_of(tmp_path / "plain").items()
+            if not torch.equal(state_of(tmp_path / "a")[n], t)]  # fmt: skip
 
 
 def test_a_batch_gets_the_swaps_of_its_own_captions(small_shapes) -> None:
@@ -290,14 +298,6 @@ def test_a_batch_gets_the_swapped_images_of_its_own_captions(small_shapes) -> No
 
 
 def test_counterfactuals_change_what_is_learnt_and_are_seeded(small_shapes, tmp_path) -> None:
-    config = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
     swapped = TrainConfig(**{**QUICK.__dict__, "counterfactual_weight": 1.0})
-    quiet = {"progress": False, "export": False, "log": lambda line: None}
-    train(small_shapes, tmp_path / "a", config, swapped, **quiet)
-    train(small_shapes, tmp_path / "b", config, swapped, **quiet)
-    train(small_shapes, tmp_path / "plain", config, QUICK, **quiet)
-    for name, tensor in state_of(tmp_path / "a").items():
-        torch.testing.assert_close(state_of(tmp_path / "b")[name], tensor, rtol=0, atol=0)
-    changed = [n for n, t in state_of(tmp_path / "plain").items()
-               if not torch.equal(state_of(tmp_path / "a")[n], t)]  # fmt: skip
+    changed = seeded_and_changed(small_shapes, tmp_path, swapped, QUICK)
     assert any(n.startswith("image_encoder.blocks") for n in changed), changed
