@@ -10,6 +10,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import typer
 
 from indexer.cli import app as indexer_app
+from models.allocator import keep_freed_memory
 from models.cli import app as models_app
 from models.datasets.cli import app as data_app
 from models.evaluation.cli import eval_command
@@ -34,6 +35,7 @@ BACKENDS = {"faiss": "FAISS", "onnxruntime": "ONNX Runtime"}
 
 def main() -> None:
     """Entry point of the `probsearch` console script."""
+    keep_freed_memory()
     try:
         app()
     except ModuleNotFoundError as error:

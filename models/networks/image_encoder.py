@@ -90,6 +90,10 @@ class ImageEncoder(nn.Module):
     config.image_mask_width). Dropout in the trunk, not only before the heads, is what lets
     the MC draws disagree on inputs unlike the training images; the price is that the trunk
     runs once per draw.
+
+    The convs run channels-last: on CPU, oneDNN's kernels for that layout made a training
+    step's forward and backward through this trunk about 1.4x faster (83 ms against 117-137
+    ms for 72 images at 64x64, one thread). The layout is not part of the exported graph.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -111,12 +115,14 @@ class ImageEncoder(nn.Module):
         self.heads = GaussianHeads(config.image_features, config, gaussian=config.gaussian_images)
         self.mask_widths = (*config.cnn_channels, config.image_features)
         init_linear(self)
+        self.to(memory_format=torch.channels_last)
 
     def forward(
         self, images: torch.Tensor, masks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         num_draws = masks.shape[0]
         x = images.unsqueeze(0).expand(num_draws, *images.shape).flatten(0, 1)  # (S*N, 3, H, W)
+        x = x.contiguous(memory_format=torch.channels_last)
         parts = masks.flatten(0, 1).split(self.mask_widths, dim=1)  # each (S*N, C_k)
         for block, mask in zip(self.blocks, parts[:-1], strict=True):
             x = block(x) * mask[:, :, None, None]
