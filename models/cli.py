@@ -145,6 +145,13 @@ def train(
         float,
         typer.Option(help="synthetic outlier images per real image of a batch (0 = none)"),
     ] = DEFAULT_TRAINING.outlier_fraction,
+    outlier_ranking_weight: Annotated[
+        float,
+        typer.Option(
+            help="weight of ranking each synthetic outlier's image log-det above every real "
+            "image's (outlier exposure; needs --outlier-fraction; 0 = off)"
+        ),
+    ] = DEFAULT_TRAINING.outlier_ranking_weight,
     counterfactual_weight: Annotated[
         float,
         typer.Option(help="weight of ranking each pair above its swapped counterparts (0 = off)"),
@@ -211,6 +218,7 @@ def train(
             mmd_weight=mmd_weight,
             label_weight=label_weight,
             outlier_fraction=outlier_fraction,
+            outlier_ranking_weight=outlier_ranking_weight,
             counterfactual_weight=counterfactual_weight,
             counterfactuals=counterfactuals,
             seed=seed,

@@ -307,6 +307,10 @@ class TrainConfig:
     # Synthetic outliers per real image of a batch (models.datasets.outliers): negatives of
     # every caption, and with variance "spread" fitted to the spread of all captions; 0 = off.
     outlier_fraction: float = 0.0
+    # Weight of the hinge that ranks each synthetic outlier's image log-det at least D ln 2
+    # above every real image's of the batch (models.objectives.regularizers.
+    # outlier_ranking_loss; needs outlier_fraction > 0); 0 = off.
+    outlier_ranking_weight: float = 0.0
     # Weight of the hinge that ranks each caption above itself with one shape or colour word
     # swapped (models.datasets.counterfactuals; shapes-style datasets); 0 = off.
     counterfactual_weight: float = 0.0
@@ -348,6 +352,14 @@ class TrainConfig:
             )
         if not 0.0 <= self.outlier_fraction <= 1.0:
             raise ConfigError(f"outlier fraction must be in [0, 1], got {self.outlier_fraction}")
+        if self.outlier_ranking_weight < 0:
+            raise ConfigError(
+                f"outlier ranking weight must be >= 0, got {self.outlier_ranking_weight}"
+            )
+        if self.outlier_ranking_weight > 0 and self.outlier_fraction == 0:
+            raise ConfigError(
+                "outlier ranking weight needs outlier fraction > 0 (outliers to rank)"
+            )
         if self.outlier_fraction > 0 and self.objective != "hinge":
             raise ConfigError("synthetic outliers train with the hinge objective only")
         if self.match_samples < 1:

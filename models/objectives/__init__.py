@@ -24,7 +24,12 @@ from models.objectives.hinge import (
     similarity_matrix,
 )
 from models.objectives.match_probability import pcme_loss, pcmepp_loss
-from models.objectives.regularizers import partner_spread_loss, uniformity_loss, vib_loss
+from models.objectives.regularizers import (
+    outlier_ranking_loss,
+    partner_spread_loss,
+    uniformity_loss,
+    vib_loss,
+)
 
 OBJECTIVES: tuple[str, ...] = ("hinge", "pcme", "pcmepp")
 
@@ -95,6 +100,10 @@ def batch_loss(
     frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
     if train_config.variance_objective == "spread" and batch.partners is not None:
         loss = loss + partner_spread_loss(*frozen_means, batch.partners, batch.outliers)
+    if train_config.outlier_ranking_weight > 0:
+        loss = loss + train_config.outlier_ranking_weight * outlier_ranking_loss(
+            batch.image_logvar, batch.outliers
+        )
     if train_config.variance_objective == "pcmepp":
         loss = loss + pcmepp_loss(
             *frozen_means,

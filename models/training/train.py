@@ -446,7 +446,12 @@ def _label_probe(
     """The label probe of `train_config.label_weight` (None when it is 0); refuses the
     options a pvse model cannot train with."""
     if model_config.model_type == "pvse":
-        for name in ("label_weight", "outlier_fraction", "counterfactual_weight"):
+        for name in (
+            "label_weight",
+            "outlier_fraction",
+            "outlier_ranking_weight",
+            "counterfactual_weight",
+        ):
             if getattr(train_config, name):
                 raise ConfigError(f"{name} is not supported for pvse models; leave it at 0")
     if train_config.label_weight == 0:

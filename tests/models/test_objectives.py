@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from models.networks.model_config import ModelConfig, TrainConfig
+from models.networks.model_config import ConfigError, ModelConfig, TrainConfig
 from models.objectives import BatchEmbeddings, batch_loss
 from models.objectives.hinge import hinge_triplet_loss
 from models.objectives.match_probability import (
@@ -19,6 +19,7 @@ from models.objectives.match_probability import (
 )
 from models.objectives.regularizers import (
     SPREAD_FLOOR,
+    outlier_ranking_loss,
     partner_spread_loss,
     uniformity_loss,
     vib_loss,
@@ -159,6 +160,39 @@ def test_an_outlier_gets_the_spread_of_every_caption_and_partners_nobody() -> No
         [_nll(image_mu[:2][caption_partners[c]], caption_logvar[c]) for c in range(3)]
     ) + np.mean([_nll(caption_mu[image_partners[i]], image_logvar[i]) for i in range(3)])
     assert got.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_outlier_ranking_is_the_mean_hinge_over_outlier_and_real_pairs() -> None:
+    """Checked against a loop over (outlier, real image) pairs with numpy's log-dets; an
+    outlier at least D ln 2 above every real image costs nothing."""
+    logvar = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    log_det = logvar.sum(-1).numpy()
+    margin = 4 * math.log(2.0)
+    expected = np.mean(
+        [max(0.0, margin - (log_det[o] - log_det[r])) for o in (3, 4) for r in range(3)]
+    )
+    assert outlier_ranking_loss(logvar, 2).item() == pytest.approx(expected, rel=1e-12)
+    lifted = logvar.clone()
+    lifted[3:] = logvar[:3].sum(-1).max() / 4 + math.log(2.0) + 0.01
+    assert outlier_ranking_loss(lifted, 2).item() == 0.0
+
+
+def test_outlier_ranking_moves_only_the_variances_and_needs_outliers() -> None:
+    mu_i, lv_i = (t.float().requires_grad_() for t in gaussians(4, 3, 8))
+    mu_c, lv_c = (t.float().requires_grad_() for t in gaussians(3, 3, 9))
+    owner = torch.arange(3)
+    own = torch.cat([owner[None, :] == owner[:, None], torch.zeros(1, 3, dtype=torch.bool)])
+    batch = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own, own, outliers=1)
+    match = (torch.tensor(2.0), torch.tensor(1.0))
+    config = ModelConfig(metric="cosine")
+    plain = batch_loss(batch, config, TrainConfig(outlier_fraction=0.25), match, "sum", None)
+    ranked = TrainConfig(outlier_fraction=0.25, outlier_ranking_weight=2.0)
+    both = batch_loss(batch, config, ranked, match, "sum", None)
+    assert (both - plain).item() == pytest.approx(2.0 * outlier_ranking_loss(lv_i, 1).item())
+    grads = torch.autograd.grad(both - plain, [mu_i, lv_i], allow_unused=True)
+    assert grads[0].abs().sum() == 0 and grads[1].abs().sum() > 0
+    with pytest.raises(ConfigError, match="needs outlier fraction"):
+        TrainConfig(outlier_ranking_weight=1.0)
 
 
 def _nll(partner_mu: torch.Tensor, logvar: torch.Tensor) -> float:

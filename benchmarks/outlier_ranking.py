@@ -1,0 +1,117 @@
+"""Does ranking synthetic outliers above real images (outlier exposure on the image log-det)
+make real photographs look uncertain, at no cost to retrieval? The demo's recipe with and
+without `outlier_ranking_weight`, several training seeds each, on a shapes dataset that
+docs/results.md and the recipe screens never used; figures read on its test split and on
+real photographs (`probsearch data photos`), which no training or choice saw.
+
+    python benchmarks/outlier_ranking.py --seeds 0,1,2 --parallel 2
+    python benchmarks/outlier_ranking.py --seeds 0 --images 300 --epochs 1 --out /tmp/o.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from multiprocessing import get_context
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {"demo": 0.0, "demo + outlier ranking": 1.0}  # name -> outlier_ranking_weight
+FIGURES = (  # (column title, reader of one test report)
+    ("t2i P@1 single object", lambda t: t["t2i"]["retrieval"]["P@1_single_object"]),
+    ("t2i P@1", lambda t: t["t2i"]["retrieval"]["P@1"]),
+    ("i2t P@1", lambda t: t["i2t"]["retrieval"]["P@1"]),
+    ("t2i PMRP", lambda t: t["t2i"]["retrieval"]["pmrp"]),
+    ("i2t PMRP", lambda t: t["i2t"]["retrieval"]["pmrp"]),
+    ("photographs AUROC, image log-det", lambda t: t["ood"]["auroc"]["log_det"]),
+    ("i2t nAUPRC, image log-det", lambda t: t["i2t"]["rejection"]["log_det"]["normalized_auprc"]),
+)
+
+
+def run_one(name: str, seed: int, work_dir: Path, images: int, epochs: int) -> dict:
+    """Train (unless cached) one variant with one training seed; its test report's figures."""
+    import torch
+
+    from models.allocator import keep_freed_memory
+    from models.evaluation.evaluate import EvalConfig, evaluate_model
+    from models.training.train import train
+    from service.demo import DemoPlan, demo_model
+
+    keep_freed_memory()
+    torch.set_num_threads(1)
+    model_dir = work_dir / "models" / f"{name.replace(' ', '')}-seed{seed}"
+    if not (model_dir / "text_encoder.onnx").is_file():
+        model, training = demo_model(DemoPlan(images=images, epochs=epochs, seed=seed))
+        training = replace(training, outlier_ranking_weight=VARIANTS[name])
+        train(work_dir / "data", model_dir, model, training, progress=False, log=print)
+    config = EvalConfig(mc_samples=0, ood_dir=str(work_dir / "photos"))
+    test = evaluate_model(model_dir, work_dir / "data", "test", config)
+    metric = next(iter(test["metrics"]))
+    return {title: read(test["metrics"][metric]) for title, read in FIGURES}
+
+
+def render(args: argparse.Namespace, rows: dict[str, list[dict]], seconds: float) -> str:
+    lines = [
+        "# Outlier ranking: photographs against shapes images",
+        "",
+        f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load (1 min) {os.getloadavg()[0]:.1f}; wall time "
+        f"{seconds / 60:.1f} min.",
+        f"Data: shapes seed {args.data_seed}, {args.images} images (used by no other result); "
+        f"training seeds {args.seeds}; figures on its test split, mean ± sd over the seeds, "
+        "ranked with the model's metric; photographs from `probsearch data photos`.",
+        "",
+        "| recipe | " + " | ".join(title for title, _ in FIGURES) + " |",
+        "| --- |" + " --- |" * len(FIGURES),
+    ]
+    for name, runs in rows.items():
+        cells = []
+        for title, _ in FIGURES:
+            values = [run[title] for run in runs]
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            cells.append(f"{statistics.mean(values):.3g} ± {sd:.2g}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--data-seed", type=int, default=13)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "outlier_ranking")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/outlier_ranking.md")
+    args = parser.parse_args()
+    args.command = " ".join([".venv/bin/python benchmarks/outlier_ranking.py", *sys.argv[1:]])
+    from models.datasets.photos import write_photos
+    from models.datasets.shapes import generate_shapes
+
+    started = time.perf_counter()
+    if not (args.work_dir / "data" / "dataset.json").is_file():
+        generate_shapes(args.work_dir / "data", args.images, seed=args.data_seed, overwrite=True)
+    write_photos(args.work_dir / "photos")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    jobs = [(name, seed) for name in VARIANTS for seed in seeds]
+    with ProcessPoolExecutor(args.parallel, mp_context=get_context("spawn")) as pool:
+        futures = {
+            job: pool.submit(run_one, *job, args.work_dir, args.images, args.epochs)
+            for job in jobs
+        }
+        rows = {name: [futures[(name, seed)].result() for seed in seeds] for name in VARIANTS}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(args, rows, time.perf_counter() - started))
+    print(args.out.read_text())
+
+
+if __name__ == "__main__":
+    main()
