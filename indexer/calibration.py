@@ -11,20 +11,32 @@ as answered correctly when its top result is a plausible match
   of queries kept (T matters only to mutual information and posterior entropy);
 - tau is the largest value of that score that still meets the target: the precision of the
   kept queries (score <= tau) is at least P, or at least a fraction C of the queries is kept.
+
+Image queries must also be rejected when the image is unlike anything the model was trained
+on, which held-out queries cannot show: the score that ranks wrong answers best need not rank
+such images high. So for an image-query gallery, OUTLIER_QUERIES synthetic outlier images
+(models.datasets.outliers: 1/f textures from a stream of their own, never fitted to real
+photographs) are scored too. When the query log-det ranks them above the held-out queries with
+AUROC >= OUTLIER_AUROC_FLOOR, a familiarity gate is set at the FAMILIAR_QUANTILE quantile of
+the held-out queries' log-dets: a query above it is rejected whatever its score (the service
+names log_det as its reject score then). calibration.json records each score's AUROC for the
+outliers and how many the gate and the whole rule reject.
 """
 
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from tqdm import tqdm
 
 from indexer.manifest import Calibration, read_manifest, sha256_file, write_manifest
 from indexer.store import IndexVersion, update_calibration
+from models.datasets.outliers import synthetic_outliers
 from models.datasets.records import (
     CaptionRecord,
     ImageRecord,
@@ -33,6 +45,7 @@ from models.datasets.records import (
     load_dataset,
 )
 from models.evaluation.rejection_metrics import (
+    auroc,
     is_constant,
     normalized_auprc,
     oracle_rejection,
@@ -41,12 +54,22 @@ from models.evaluation.rejection_metrics import (
 )
 from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
-from models.scoring.query_scores import TEMPERATURE_SCORES, query_scores, shortlist_distances
-from models.scoring.rerank import Ranked, compute_device, exact_rerank
+from models.scoring.query_scores import (
+    TEMPERATURE_SCORES,
+    query_scores,
+    shortlist_distances,
+    unfamiliar,
+)
+from models.scoring.rerank import Ranked, compute_device, rerank_batch
 
 CALIBRATION_FILE = "calibration.json"
 SCORE_BLOCK = 64  # queries scored together (memory: SCORE_BLOCK x draws x shortlist x D)
+RERANK_BLOCK = 1024  # queries re-ranked together (memory: RERANK_BLOCK x shortlist x D)
 DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+OUTLIER_QUERIES = 250
+OUTLIER_AUROC_FLOOR = 0.8
+FAMILIAR_QUANTILE = 0.99  # the gate rejects about 1% of familiar image queries
+OUTLIER_STREAM = 7_919  # the outliers' random stream, apart from training's
 
 
 class CalibrationError(ValueError):
@@ -82,6 +105,11 @@ class MetricCalibration:
     kept_precision: float  # plausible P@1 of the kept queries, at tau
     target_met: bool
     queries: int
+    log_det_limit: float | None = None  # the familiarity gate (image queries), or none
+    # "<score>" or "<score>@T<t>" -> AUROC of synthetic outlier images against the queries
+    # (image queries only; empty otherwise)
+    outlier_auroc: dict[str, float] = field(default_factory=dict)
+    outliers_rejected: float | None = None  # fraction of those outliers the rule rejects
 
 
 def select_threshold(score: np.ndarray, correct: np.ndarray, target: Target) -> tuple[float, int]:
@@ -129,6 +157,12 @@ def encode_queries(
     return encoder.encode_images(images, mc, seed)
 
 
+def outlier_images(count: int, size: int, seed: int) -> list[Image.Image]:
+    """`count` synthetic outlier images (size x size RGB) of their own random stream."""
+    pixels = synthetic_outliers(count, size, np.random.default_rng([seed, OUTLIER_STREAM]))
+    return [Image.fromarray(np.ascontiguousarray(p.transpose(1, 2, 0))) for p in pixels]
+
+
 def candidate_name(score: str, temperature: float) -> str:
     """Key of a (score, T) candidate: T only for the scores that depend on it."""
     return f"{score}@T{temperature:g}" if score in TEMPERATURE_SCORES else score
@@ -154,13 +188,20 @@ def query_scores_by_candidate(
     _, rows = version.shortlist(metric, embeddings.mu, embeddings.logvar, shortlist)  # (Q, S)
     correct = np.zeros(len(rows), dtype=bool)
     groups: dict[int, list[tuple[int, Ranked]]] = {}
-    for q, candidate_rows in enumerate(tqdm(rows, desc=f"calibrate {metric}", unit="query")):
-        ranked = exact_rerank(
-            metric, embeddings.mu[q], embeddings.logvar[q], version.mu, version.logvar,
-            candidate_rows, shortlist, device,
+    bar = tqdm(total=len(rows), desc=f"calibrate {metric}", unit="query")
+    for start in range(0, len(rows), RERANK_BLOCK):
+        block = slice(start, start + RERANK_BLOCK)
+        batch = rerank_batch(
+            metric, embeddings.mu[block], embeddings.logvar[block], version.mu, version.logvar,
+            rows[block], shortlist, device,
         )  # fmt: skip
-        correct[q] = judge(q, version.metadata([int(ranked.rows[0])])[0]["id"])
-        groups.setdefault(len(ranked.rows), []).append((q, ranked))
+        tops = version.metadata([int(r) for r in batch.rows[:, 0]])
+        for offset, top in enumerate(tops):
+            q, ranked = start + offset, batch.query(offset)
+            correct[q] = judge(q, top["id"])
+            groups.setdefault(len(ranked.rows), []).append((q, ranked))
+        bar.update(len(tops))
+    bar.close()
     values: dict[str, np.ndarray] = {}
     for group in groups.values():
         _score_group(metric, embeddings, group, temperatures, device, values, len(rows))
@@ -203,10 +244,12 @@ def summarise(
     scores: dict[str, np.ndarray],
     correct: np.ndarray,
     target: Target,
+    outliers: dict[str, np.ndarray] | None = None,
 ) -> MetricCalibration:
     """Pick the (score, T) with the best normalised AUPRC, and tau by the target. A score that
     is constant up to round-off (MI and feature uncertainty of a model without dropout) cannot
-    rank queries: its round-off would, so it is never picked."""
+    rank queries: its round-off would, so it is never picked. With `outliers` (each
+    candidate's values on synthetic outlier queries), also the familiarity gate on log_det."""
     chance, best = random_rejection(correct).auprc, oracle_rejection(correct).auprc
     quality = {
         name: normalized_auprc(precision_coverage(values, correct).auprc, chance, best)
@@ -214,11 +257,22 @@ def summarise(
     }
     ranked = [n for n in quality if not math.isnan(quality[n]) and not is_constant(scores[n])]
     ranked = ranked or list(quality)
+    outlier_auroc = {n: auroc(scores[n], outliers[n]) for n in scores} if outliers else {}
+    limit = None
+    if outlier_auroc.get("log_det", 0.0) >= OUTLIER_AUROC_FLOOR:
+        limit = float(np.quantile(scores["log_det"], FAMILIAR_QUANTILE))
     chosen = max(ranked, key=lambda n: (quality[n], -ranked.index(n)))
     score, _, t = chosen.partition("@T")
     temperature = float(t) if t else float(temperatures[0])
-    threshold, kept = select_threshold(scores[chosen], correct, target)
-    kept_mask = scores[chosen] <= threshold
+    gated = np.zeros(len(correct), dtype=bool)
+    if limit is not None:
+        gated = unfamiliar(scores["log_det"], limit)
+    values = np.where(gated, np.inf, scores[chosen])  # rejected by the gate whatever tau is
+    threshold, kept = select_threshold(values, correct, target)
+    if math.isinf(threshold):  # a target only met by keeping gated queries: keep the others
+        threshold = float(scores[chosen][~gated].max())
+    kept_mask = values <= threshold
+    kept = int(kept_mask.sum())
     kept_precision = float(correct[kept_mask].mean())
     met = (
         kept_precision >= target.precision - 1e-12
@@ -236,7 +290,22 @@ def summarise(
         kept_precision=kept_precision,
         target_met=bool(met),
         queries=len(correct),
+        log_det_limit=limit,
+        outlier_auroc=outlier_auroc,
+        outliers_rejected=_outliers_rejected(outliers, chosen, threshold, limit),
     )
+
+
+def _outliers_rejected(
+    outliers: dict[str, np.ndarray] | None, chosen: str, threshold: float, limit: float | None
+) -> float | None:
+    """The fraction of the synthetic outlier queries the rule rejects (None without them)."""
+    if not outliers:
+        return None
+    rejected = outliers[chosen] > threshold
+    if limit is not None:
+        rejected |= unfamiliar(outliers["log_det"], limit)
+    return float(rejected.mean())
 
 
 def record(version_dir: Path, results: Sequence[MetricCalibration], data_dir: Path, split: str,
@@ -244,7 +313,10 @@ def record(version_dir: Path, results: Sequence[MetricCalibration], data_dir: Pa
     """Write score, T and tau into the manifest and the evidence into calibration.json."""
     update_calibration(
         version_dir,
-        {r.metric: Calibration(r.temperature, r.threshold, r.score) for r in results},
+        {
+            r.metric: Calibration(r.temperature, r.threshold, r.score, r.log_det_limit)
+            for r in results
+        },
     )
     evidence = {
         "data": str(data_dir),
@@ -301,6 +373,10 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
             raise CalibrationError(f"split {job.split!r} of {job.data_dir} has no queries")
         encoder = OnnxEncoder(job.model_dir, "text" if gallery == "image" else "image", job.device)
         embeddings = encode_queries(encoder, queries, job.mc_samples, job.seed)
+        outliers = None
+        if encoder.modality == "image":
+            images = outlier_images(OUTLIER_QUERIES, encoder.config.image_size, job.seed)
+            outliers = encoder.encode_images(images, job.mc_samples, job.seed)
         judge = Judge(queries, dataset, gallery)
         device = compute_device(job.device)
         results = []
@@ -308,7 +384,15 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
             scores, correct = query_scores_by_candidate(
                 version, metric, embeddings, judge, job.temperatures, job.shortlist, device
             )
-            results.append(summarise(metric, job.temperatures, scores, correct, job.target))
+            outlier_scores = None
+            if outliers is not None:
+                outlier_scores, _ = query_scores_by_candidate(
+                    version, metric, outliers, lambda q, item: False, job.temperatures,
+                    job.shortlist, device,
+                )  # fmt: skip
+            results.append(
+                summarise(metric, job.temperatures, scores, correct, job.target, outlier_scores)
+            )
     finally:
         version.close()
     record(job.version_dir, results, job.data_dir, job.split, job.target, job.mc_samples)

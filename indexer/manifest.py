@@ -26,6 +26,9 @@ class Calibration:
     temperature: float = 1.0
     threshold: float | None = None
     score: str = "mutual_information"
+    # Image queries whose log-det exceeds this are unlike the images the model was trained
+    # on and rejected whatever the score says (None: no such gate; see indexer.calibration).
+    log_det_limit: float | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import numpy as np
 
 from indexer.manifest import Calibration
-from models.scoring.query_scores import QueryScores
+from models.scoring.query_scores import QueryScores, unfamiliar
 from models.scoring.rerank import RankedBatch
 from models.scoring.uncertainty import log_det
 
@@ -86,18 +86,30 @@ class ScoreSettings:
     temperature: float
     threshold: float | None
     score_name: str
+    log_det_limit: float | None = None  # the calibration's familiarity gate
 
     @classmethod
     def of(
         cls, calibration: Calibration | None, temperature: float | None, threshold: float | None
     ) -> "ScoreSettings":
-        """The request's temperature and threshold (None: not set) over the calibration's."""
+        """The request's temperature and threshold (None: not set) over the calibration's. A
+        request's threshold replaces the whole calibrated rule, the familiarity gate too."""
         if calibration is None:
             return cls(float(temperature or DEFAULT_TEMPERATURE), threshold, DEFAULT_REJECT_SCORE)
         return cls(
             float(temperature or calibration.temperature),
             calibration.threshold if threshold is None else threshold,
             calibration.score,
+            calibration.log_det_limit if threshold is None else None,
+        )
+
+    def reject_score(self, uncertainty: "Uncertainty") -> "RejectScore":
+        """The score that decides: the query's log-det against the familiarity gate when it
+        is above it (an image unlike the training images), else the calibrated score."""
+        if unfamiliar(uncertainty.log_det, self.log_det_limit):
+            return RejectScore("log_det", uncertainty.log_det, self.log_det_limit)
+        return RejectScore(
+            self.score_name, getattr(uncertainty, self.score_name, None), self.threshold
         )
 
 

@@ -84,7 +84,8 @@ class SearchOptions(BaseModel):
     reject_threshold: FiniteFloat | None = Field(
         None,
         description="Reject when the reject score (query.reject_score.name, chosen by "
-        "calibration) exceeds this; default: the calibrated threshold.",
+        "calibration) exceeds this; default: the calibrated rule (its threshold, and for image "
+        "queries the log-det gate for images unlike the training images).",
     )
     return_embedding: bool = Field(False, description="Return the query's mu and logvar.")
 
@@ -114,7 +115,8 @@ class EmbeddingSearchRequest(SearchOptions):
 
 
 class RejectScoreInfo(BaseModel):
-    """The uncertainty score the service rejects with, chosen per metric by calibration."""
+    """The uncertainty score the service rejects with, chosen per metric by calibration; log_det
+    with the gate's limit when an image query's log-det is above it (an unfamiliar image)."""
 
     name: str = Field(description="One of log_det, entropy, feature_uncertainty, "
                       "mutual_information, posterior_entropy.")  # fmt: skip

@@ -31,7 +31,6 @@ from service.outcome import (
     Hit,
     Outcome,
     QueryKind,
-    RejectScore,
     ScoreSettings,
     Uncertainty,
     hit_lists,
@@ -369,17 +368,16 @@ def _outcome(
     timings: dict[str, float],
 ) -> Outcome:
     """The answer of the query at position j of `scores`."""
-    values = scores.get(setting.score_name)
-    value = None if values is None else float(values[j])
+    uncertainty = Uncertainty.at(scores, j)
     return Outcome(
         kind=plan.query.kind,
         metric=plan.metric,
         index_version=loaded.version,
         temperature=setting.temperature,
-        reject_score=RejectScore(setting.score_name, value, setting.threshold),
+        reject_score=setting.reject_score(uncertainty),
         mc_samples=plan.query.params.mc_samples,
         shortlist_size=shortlist_size,
-        uncertainty=Uncertainty.at(scores, j),
+        uncertainty=uncertainty,
         hits=hits,
         mu=plan.encoded.mu,
         logvar=plan.encoded.logvar,

@@ -150,3 +150,11 @@ def _padded(distances: torch.Tensor) -> torch.Tensor:
     candidates."""
     extra = -distances.shape[-1] % SIMD_BLOCK
     return F.pad(distances.double(), (0, extra), value=math.inf)
+
+
+def unfamiliar(log_det: np.ndarray | float, limit: float | None) -> np.ndarray | bool:
+    """Whether a query's log-det is above the familiarity gate `limit` (indexer.calibration):
+    an image unlike the training images, rejected whatever its reject score. None: no gate."""
+    if limit is None:
+        return np.zeros(np.shape(log_det), dtype=bool) if np.ndim(log_det) else False
+    return np.asarray(log_det) > limit if np.ndim(log_det) else bool(log_det > limit)

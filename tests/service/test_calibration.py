@@ -2,7 +2,9 @@
 
 import json
 import math
+import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -12,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from indexer.calibration import (
+    FAMILIAR_QUANTILE,
+    OUTLIER_AUROC_FLOOR,
     CalibrationError,
     Target,
     candidate_name,
@@ -20,6 +24,7 @@ from indexer.calibration import (
 )
 from indexer.manifest import read_manifest, verify_checksums
 from indexer.registry import ActiveRegistry
+from indexer.store import update_calibration
 from models.scoring.query_scores import SCORE_NAMES
 from tests.service.conftest import (
     PROBSEARCH,
@@ -87,6 +92,32 @@ def test_a_score_constant_up_to_round_off_is_never_chosen() -> None:
     assert only_constant.score == "mutual_information"
 
 
+def test_a_log_det_that_flags_outlier_images_gates_them_beside_the_best_score() -> None:
+    """The best-ranking score is chosen; the log-det, which ranks the synthetic outliers above
+    the queries, adds a gate at its FAMILIAR_QUANTILE quantile over the queries, and the
+    coverage target still holds with the gated queries rejected. A log-det that does not flag
+    the outliers adds no gate."""
+    rng = np.random.default_rng(1)
+    correct = rng.random(300) < 0.5
+    sharp = np.where(correct, 0.0, 1.0) + rng.normal(0, 0.3, 300)
+    log_det = rng.normal(0, 1.0, 300)  # no help with wrong answers
+    scores = {"posterior_entropy@T1": sharp, "log_det": log_det}
+    outliers = {"posterior_entropy@T1": rng.normal(0.5, 0.5, 100), "log_det": np.full(100, 9.0)}
+    chosen = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), outliers)
+    assert chosen.score == "posterior_entropy"
+    assert chosen.log_det_limit == pytest.approx(np.quantile(log_det, FAMILIAR_QUANTILE))
+    assert chosen.outlier_auroc["log_det"] == 1.0
+    assert chosen.outliers_rejected == 1.0
+    kept = (sharp <= chosen.threshold) & (log_det <= chosen.log_det_limit)
+    assert chosen.kept_fraction == kept.mean() >= 0.8
+    assert chosen.target_met
+    hidden = {**outliers, "log_det": rng.normal(0, 1.0, 100)}
+    ungated = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), hidden)
+    assert ungated.log_det_limit is None
+    assert ungated.outlier_auroc["log_det"] < OUTLIER_AUROC_FLOOR
+    assert summarise("w2", (1.0,), scores, correct, Target(coverage=0.8)).outlier_auroc == {}
+
+
 @pytest.mark.parametrize(
     ("precision", "coverage"), [(None, None), (0.9, 0.5), (0.0, None), (None, 1.5)]
 )
@@ -119,10 +150,13 @@ def test_calibrate_records_score_t_and_tau_per_metric(calibrated: Path, modality
         assert calibration.temperature == result["temperature"]
         assert calibration.threshold == result["threshold"]
         assert calibration.score == result["score"] in SCORE_NAMES
-        quality = result["normalized_auprc"]
-        best = max(quality.values())
+        quality, outliers = result["normalized_auprc"], result["outlier_auroc"]
+        assert set(outliers) == (set(quality) if modality == "text" else set())
         chosen = candidate_name(calibration.score, calibration.temperature)
-        assert math.isclose(quality[chosen], best)
+        assert math.isclose(quality[chosen], max(quality.values()))
+        assert calibration.log_det_limit == result["log_det_limit"]
+        if outliers.get("log_det", 0.0) < OUTLIER_AUROC_FLOOR:
+            assert calibration.log_det_limit is None
         assert result["kept_fraction"] >= 0.6
         assert result["target_met"]
 
@@ -171,3 +205,32 @@ def test_the_service_rejects_with_the_calibrated_score(calibrated: Path, artifac
                 assert query["rejected"] is (reject["value"] > reject["threshold"])
                 seen.append(query["rejected"])
     assert True in seen and False in seen  # coverage 0.6 rejects some of these, keeps others
+
+
+def test_an_image_above_the_familiarity_gate_is_rejected_by_its_log_det(
+    calibrated: Path, artifacts: Artifacts, tmp_path: Path
+) -> None:
+    """A gate below every image's log-det rejects every image query, naming log_det as the
+    reject score; a request's own threshold replaces the calibrated rule, gate included."""
+    root = Path(shutil.copytree(calibrated, tmp_path / "indexes"))
+    registry = ActiveRegistry(root, None)
+    version_dir = registry.version_path("text", registry.active_version("text"))
+    manifest = read_manifest(version_dir)
+    gated = {m: replace(c, log_det_limit=-1e9) for m, c in manifest.calibration.items()}
+    update_calibration(version_dir, gated)
+    image = next((artifacts.shapes / "images").glob("*.png")).read_bytes()
+    with (
+        ServerThread(make_settings(artifacts, index_root=root)) as running,
+        httpx.Client(base_url=running.url, timeout=30) as http,
+    ):
+        for metric in manifest.metrics:
+            files = {"image": ("shape.png", image, "image/png")}
+            query = http.post("/search/image", files=files, data={"metric": metric}).json()
+            assert query["query"]["reject_score"] == {
+                "name": "log_det", "value": query["query"]["log_det"], "threshold": -1e9,
+            }  # fmt: skip
+            assert query["query"]["rejected"] is True
+            own = {"metric": metric, "reject_threshold": "1e9"}
+            kept = http.post("/search/image", files=files, data=own).json()["query"]
+            assert kept["reject_score"]["name"] == manifest.calibration[metric].score
+            assert kept["rejected"] is False
