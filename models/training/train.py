@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from models.datasets.outliers import synthetic_outliers
 from models.evaluation.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
 from models.networks.heads import fraction_at_bound
 from models.networks.model_config import (
@@ -27,7 +27,6 @@ from models.networks.model_config import (
     ModelConfig,
     TrainConfig,
 )
-from models.networks.preprocess import normalize_uint8
 from models.networks.probabilistic_model import (
     ProbabilisticModel,
     build_model,
@@ -41,6 +40,7 @@ from models.objectives.labels import LabelProbe, label_loss
 from models.onnx.export import export_encoders
 from models.pvse.training import pvse_batch_loss, pvse_similarity
 from models.scoring.uncertainty import log_det
+from models.training.batches import PreparedBatch, prefetched, prepare_batch
 from models.training.training_data import (
     SplitTensors,
     caption_batch,
@@ -205,26 +205,22 @@ def train_epoch(
     batches = list(
         epoch_batches(split, config.batch_size, config.captions_per_image, config.seed, epoch)
     )
-    for image_rows, caption_rows, owner in tqdm(
-        batches, desc=f"epoch {epoch}", leave=False, disable=not progress
-    ):
-        images = image_batch(split, image_rows, model.config).to(device)
-        ids, lengths = caption_batch(split, caption_rows)
+    prepare = functools.partial(
+        prepare_batch, split=split, config=config, model_config=model.config,
+        outlier_rng=outlier_rng,
+    )  # fmt: skip
+    for batch in tqdm(
+        prefetched(batches, prepare), total=len(batches), desc=f"epoch {epoch}", leave=False,
+        disable=not progress,
+    ):  # fmt: skip
         if model.config.model_type == "pvse":
-            plausible = None
-            if config.positives != "pairs":
-                plausible = split.batch_plausible(image_rows, caption_rows).to(device)
+            plausible = None if batch.plausible is None else batch.plausible.to(device)
             loss = pvse_batch_loss(
-                model, images, (ids.to(device), lengths.to(device)), owner.to(device),
-                plausible, config, negatives, generator,
+                model, batch.images.to(device), (batch.ids.to(device), batch.lengths.to(device)),
+                batch.rows[2].to(device), plausible, config, negatives, generator,
             )  # fmt: skip
-            total, steps = total + _step(model, optimizer, loss, config), steps + 1
-            continue
-        rows = (image_rows, caption_rows, owner.to(device))
-        loss = _gaussian_batch_loss(
-            model, split, config, rows, images, (ids.to(device), lengths.to(device)),
-            negatives, generator, outlier_rng, probe,
-        )  # fmt: skip
+        else:
+            loss = _gaussian_batch_loss(model, split, config, batch, negatives, generator, probe)
         total, steps = total + _step(model, optimizer, loss, config), steps + 1
     return total / max(steps, 1)
 
@@ -233,42 +229,32 @@ def _gaussian_batch_loss(
     model: ProbabilisticModel,
     split: SplitTensors,
     config: TrainConfig,
-    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    images: torch.Tensor,
-    captions: tuple[torch.Tensor, torch.Tensor],
+    batch: PreparedBatch,
     negatives: str,
     generator: torch.Generator,
-    outlier_rng: np.random.Generator,
     probe: LabelProbe | None,
 ) -> torch.Tensor:
-    """The objective of one batch of a non-pvse model; rows are (image rows (B,), caption rows
-    (M,), owner (M,)). Synthetic outliers, when asked for, join the images after the real ones
-    and match no caption; swapped images are encoded with them and scored apart."""
-    image_rows, caption_rows, owner = rows
-    device = images.device
-    count = round(config.outlier_fraction * len(image_rows))
-    if count:
-        pixels = synthetic_outliers(count, model.config.image_size, outlier_rng)
-        extra = torch.from_numpy(normalize_uint8(pixels, model.config)).to(device)
-        images = torch.cat([images, extra])
-    image_swaps = _image_swaps(split, rows, config, model.config)
+    """The objective of one batch of a non-pvse model. Synthetic outliers, when asked for,
+    join the images after the real ones and match no caption; swapped images are encoded with
+    them and scored apart."""
+    device = next(model.parameters()).device
+    image_rows, caption_rows, owner = batch.rows
+    owner = owner.to(device)
     (image_mu, image_logvar), swapped_images = _encode_with_swaps(
-        model, images, image_swaps, generator
+        model, batch.images.to(device), batch.image_swaps, generator
     )
+    captions = (batch.ids.to(device), batch.lengths.to(device))
     caption_mu, caption_logvar = model.encode_texts(*captions, generator, stochastic=True)
-    plausible = None
-    if config.positives != "pairs" or config.variance_objective == "spread":
-        plausible = split.batch_plausible(image_rows, caption_rows).to(device)
-        plausible = torch.cat([plausible, plausible.new_zeros(count, plausible.shape[1])])
+    plausible = None if batch.plausible is None else batch.plausible.to(device)
     own = torch.arange(len(image_mu), device=device)[:, None] == owner[None, :]
     matches = own if config.positives == "pairs" else plausible
-    batch = BatchEmbeddings(
-        image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible, count,
-        _swapped_captions(model, split, caption_rows, generator, config),
+    embedded = BatchEmbeddings(
+        image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible,
+        batch.outliers, _swapped_captions(model, split, caption_rows, generator, config),
         swapped_images,
     )  # fmt: skip
     match = (model.match_scale, model.match_shift)
-    loss = batch_loss(batch, model.config, config, match, negatives, generator)
+    loss = batch_loss(embedded, model.config, config, match, negatives, generator)
     if probe is not None:
         labels = split.labels[image_rows].to(device)
         loss = loss + config.label_weight * label_loss(probe, image_mu[: len(image_rows)], labels)
@@ -310,26 +296,6 @@ def _swapped_captions(
     device = next(model.parameters()).device
     mu, logvar = model.encode_texts(ids.to(device), lengths.to(device), generator, stochastic=True)
     return mu, logvar, of.to(device)
-
-
-def _image_swaps(
-    split: SplitTensors,
-    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    config: TrainConfig,
-    model_config: ModelConfig,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The batch's images with one shape swapped, normalised (K_i, 3, H, W); the batch
-    position of each caption they make miss (K,); and the swapped image of each (K,) among
-    the K_i. None when the run does not use them."""
-    if config.counterfactual_weight == 0 or split.image_counterfactuals is None:
-        return None
-    image_rows, caption_rows, owner = rows
-    swaps = split.image_counterfactuals
-    swapped, missed, position = swaps.of(image_rows, caption_rows, owner.cpu())
-    if len(missed) == 0:
-        return None
-    pixels = torch.from_numpy(normalize_uint8(swaps.pixels[swapped].numpy(), model_config))
-    return pixels, missed, position
 
 
 def _step(
