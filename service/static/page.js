@@ -184,15 +184,22 @@ function showVerdict(queryInfo) {
   drawGauge(score, name, queryInfo);
 }
 
-// The gauge's full scale: twice the threshold, so the threshold sits in the middle; without
-// a positive threshold, MI's own upper bound ln(shortlist size), or a bit above the score.
-function gaugeTop(score, queryInfo) {
+// The gauge's scale [low, high]. With a positive threshold and score (MI, entropies) it runs
+// from 0 to twice the threshold, so the threshold sits in the middle; a negative one (a
+// log-det) is centred the same way, wide enough for the score. Without a threshold: MI's own
+// upper bound ln(shortlist size), or a bit past the score.
+function gaugeRange(score, queryInfo) {
   const { name, value, threshold } = score;
-  if (threshold > 0) return Math.max(2 * threshold, value || 0);
-  if (name === "mutual_information" && queryInfo.shortlist_size > 1) {
-    return Math.log(queryInfo.shortlist_size);
+  const v = value || 0;
+  if (threshold !== null && threshold !== undefined) {
+    if (threshold > 0 && v >= 0) return [0, Math.max(2 * threshold, v)];
+    const span = Math.max(Math.abs(threshold), Math.abs(v - threshold)) || 1;
+    return [threshold - span, threshold + span];
   }
-  return 1.25 * (value || 0) || 1;
+  if (name === "mutual_information" && queryInfo.shortlist_size > 1) {
+    return [0, Math.log(queryInfo.shortlist_size)];
+  }
+  return v >= 0 ? [0, 1.25 * v || 1] : [1.25 * v, 0];
 }
 
 function drawGauge(score, name, queryInfo) {
@@ -201,13 +208,15 @@ function drawGauge(score, name, queryInfo) {
   const gauge = $("gauge");
   const measured = value !== null && value !== undefined;
   const hasThreshold = threshold !== null && threshold !== undefined;
-  const top = gaugeTop(score, queryInfo);
+  const [low, high] = gaugeRange(score, queryInfo);
+  const percent = (x) => Math.min(100, Math.max(0, (100 * (x - low)) / (high - low)));
   $("gauge-fill").hidden = !measured;
-  $("gauge-fill").style.width = measured ? `${Math.min(100, (100 * value) / top)}%` : "0%";
+  $("gauge-fill").style.width = measured ? `${percent(value)}%` : "0%";
   $("gauge-mark").hidden = !hasThreshold;
-  if (hasThreshold) $("gauge-mark").style.left = `${(100 * threshold) / top}%`;
+  if (hasThreshold) $("gauge-mark").style.left = `${percent(threshold)}%`;
   gauge.classList.toggle("over", Boolean(rejected));
-  gauge.setAttribute("aria-valuemax", String(top));
+  gauge.setAttribute("aria-valuemin", String(low));
+  gauge.setAttribute("aria-valuemax", String(high));
   gauge.setAttribute("aria-valuenow", String(measured ? value : 0));
   let text;
   if (!measured) text = `${name}: not measured (no MC-dropout draws)`;

@@ -3,6 +3,7 @@ scripts/bootstrap.sh installs) against a real server: what a person sees, checke
 what the JSON API answers for the same query. Screenshots go to a temporary folder, or to
 $SEARCH_PAGE_SCREENSHOTS when set (docs/img/search-page.png in README.md is one)."""
 
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -192,16 +193,21 @@ def test_an_uploaded_image_shows_captions(
 def test_a_rejected_query_shows_the_banner_above_its_results(
     page: WebDriver, client: httpx.Client, screenshots: Path
 ) -> None:
+    # A threshold below the query's own score, whatever score calibration chose (a log-det
+    # is negative).
+    plain = client.post("/search/text", json={"text": CAPTION}).json()["query"]["reject_score"]
+    threshold = math.floor(plain["value"]) - 1
     summary = page.find_element(By.CSS_SELECTOR, "details.advanced summary")
     summary.send_keys(Keys.ENTER)  # opens the advanced options from the keyboard
-    page.find_element(By.ID, "reject-threshold").send_keys("0")
+    page.find_element(By.ID, "reject-threshold").send_keys(str(threshold))
     search_caption(page, CAPTION)
-    answer = client.post("/search/text", json={"text": CAPTION, "reject_threshold": 0}).json()
-    assert answer["query"]["rejected"], "the API does not reject with threshold 0"
+    own = {"text": CAPTION, "reject_threshold": threshold}
+    answer = client.post("/search/text", json=own).json()
+    assert answer["query"]["rejected"], f"the API does not reject with threshold {threshold}"
     wait(page, lambda b: b.find_element(By.ID, "banner").is_displayed())
     assert "not confident in these results" in page.find_element(By.ID, "banner").text
     assert "over" in page.find_element(By.ID, "gauge").get_attribute("class")
-    assert "above the threshold 0" in page.find_element(By.ID, "gauge-text").text
+    assert f"above the threshold {threshold}" in page.find_element(By.ID, "gauge-text").text
     assert len(cards(page, "text")) == 10 and all(c.is_displayed() for c in cards(page, "text"))
     save(page, screenshots, "search-page-rejected.png")
 
@@ -273,3 +279,18 @@ def test_the_named_reject_score_is_shown_when_the_api_sends_one(page: WebDriver)
         "mutual information 0.001 within the threshold 0.002"
     )
     assert not page.find_element(By.ID, "banner").is_displayed()
+
+
+def test_a_negative_reject_score_above_its_threshold_fills_past_the_mark(page: WebDriver):
+    # A log-det (the gate for unfamiliar images) is negative: the gauge still puts the
+    # threshold in the middle and a rejected score past it, an accepted one before it.
+    score = {"name": "log_det", "value": -105.0, "threshold": -120.0}
+    query = {"modality": "image", "rejected": True, "mutual_information": None,
+             "reject_threshold": -120.0, "shortlist_size": 100, "reject_score": score}  # fmt: skip
+    for value, rejected in ((-105.0, True), (-150.0, False)):
+        shown = {**query, "rejected": rejected, "reject_score": {**score, "value": value}}
+        page.execute_script("showVerdict(arguments[0])", shown)
+        fill = page.execute_script("return parseFloat($('gauge-fill').style.width)")
+        mark = page.execute_script("return parseFloat($('gauge-mark').style.left)")
+        assert mark == 50.0
+        assert (fill > mark) is rejected, (fill, mark)
