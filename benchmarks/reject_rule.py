@@ -1,0 +1,185 @@
+"""The service's reject rule, measured as the service applies it, on data nothing was chosen on.
+
+For each training seed: train the demo's recipe (service.demo.demo_model) on a shapes dataset
+docs/results.md never used, index its test split (both galleries), run `probsearch calibrate`'s
+code on the val split, then score the test queries and real photographs (`probsearch data
+photos`) with the calibration's own scoring (indexer.calibration.query_scores_by_candidate:
+shortlist, exact re-rank, models.scoring) and apply the calibrated rule: the chosen score
+against tau, and for image queries the log-det gate. Writes, mean ± sd over the seeds: the
+plausible P@1 of single-object captions; per direction the normalised AUPRC of the rule's
+score on test (a query is right when its top-1 is a plausible match) and the fraction of test
+queries rejected; for photographs the AUROC of the rule's score against the test images and
+the fraction rejected.
+
+    python benchmarks/reject_rule.py --seeds 0,1,2 --parallel 2
+    python benchmarks/reject_rule.py --seeds 0 --images 300 --epochs 1 --out /tmp/r.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+METRIC = "w2"  # the service's default metric
+COVERAGE = 0.8  # the demo's calibration target
+
+
+def rule_scores(version, calibration, embeddings, judge, device) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's value of the rule's score (inf above the log-det gate) and correctness."""
+    from indexer.calibration import candidate_name, query_scores_by_candidate
+    from models.scoring.query_scores import unfamiliar
+
+    scores, correct = query_scores_by_candidate(
+        version, METRIC, embeddings, judge, (calibration.temperature,), 100, device
+    )
+    values = scores[candidate_name(calibration.score, calibration.temperature)]
+    values = np.where(unfamiliar(scores["log_det"], calibration.log_det_limit), np.inf, values)
+    return values, correct
+
+
+def run_one(seed: int, work_dir: Path, images: int, epochs: int) -> dict[str, float]:
+    """Train (unless cached), index, calibrate and measure one training seed."""
+    import torch
+
+    from indexer.calibration import CalibrationJob, Judge, Target, run_calibration
+    from indexer.publish import ReindexJob, run_reindex
+    from indexer.registry import ActiveRegistry
+    from indexer.store import IndexVersion
+    from models.allocator import keep_freed_memory
+    from models.datasets.records import load_dataset
+    from models.evaluation.evaluate import EvalConfig, evaluate_model
+    from models.evaluation.rejection_metrics import (
+        auroc,
+        normalized_auprc,
+        oracle_rejection,
+        precision_coverage,
+        random_rejection,
+    )
+    from models.networks.preprocess import load_image
+    from models.onnx.encoder_runtime import OnnxEncoder
+    from models.scoring.rerank import compute_device
+    from models.training.train import train
+    from service.demo import DemoPlan, demo_model
+
+    keep_freed_memory()
+    torch.set_num_threads(1)
+    data, run = work_dir / "data", work_dir / f"seed{seed}"
+    model_dir = run / "model"
+    if not (model_dir / "text_encoder.onnx").is_file():
+        plan = DemoPlan(images=images, epochs=epochs, seed=seed)
+        train(data, model_dir, *demo_model(plan), progress=False, log=print)
+    test = evaluate_model(model_dir, data, "test", EvalConfig(mc_samples=0, metrics=(METRIC,)))
+    out = {"single-object P@1": test["metrics"][METRIC]["t2i"]["retrieval"]["P@1_single_object"]}
+    dataset, device = load_dataset(data), compute_device("cpu")
+    registry = ActiveRegistry(run / "indexes", None)
+    photos = [load_image(p) for p in sorted((work_dir / "photos").glob("*.png"))]
+    for gallery, direction in (("image", "t2i"), ("text", "i2t")):
+        job = ReindexJob(modality=gallery, source=data, model_dir=model_dir,
+                         index_root=run / "indexes", metrics=(METRIC,), split="test",
+                         progress=False, seed=seed)  # fmt: skip
+        version_dir = registry.version_path(gallery, run_reindex(job).version)
+        run_calibration(CalibrationJob(version_dir=version_dir, model_dir=model_dir,
+                                       data_dir=data, target=Target(coverage=COVERAGE),
+                                       mc_samples=2, seed=seed, metrics=(METRIC,)))  # fmt: skip
+        version = IndexVersion(version_dir)
+        calibration = version.manifest.calibration[METRIC]
+        encoder = OnnxEncoder(model_dir, "text" if gallery == "image" else "image")
+        split = dataset.split("test")
+        queries = split.captions if gallery == "image" else split.images
+        if gallery == "image":
+            embeddings = encoder.encode_texts([q.text for q in queries], 2, seed)
+        else:
+            embeddings = encoder.encode_images([load_image(q.path) for q in queries], 2, seed)
+        values, correct = rule_scores(
+            version, calibration, embeddings, Judge(queries, dataset, gallery), device
+        )
+        chance, best = random_rejection(correct).auprc, oracle_rejection(correct).auprc
+        finite = np.where(np.isinf(values), np.finfo(np.float64).max, values)
+        quality = normalized_auprc(precision_coverage(finite, correct).auprc, chance, best)
+        out[f"{direction} nAUPRC"] = quality
+        out[f"{direction} rejected %"] = 100 * float((values > calibration.threshold).mean())
+        if gallery == "text":
+            photo_embeddings = encoder.encode_images(photos, 2, seed)
+            photo_values, _ = rule_scores(
+                version, calibration, photo_embeddings, lambda q, item: False, device
+            )
+            finite_photos = np.where(np.isinf(photo_values), np.finfo(np.float64).max, photo_values)
+            out["photographs AUROC"] = auroc(finite, finite_photos)
+            out["photographs rejected %"] = 100 * float(
+                (photo_values > calibration.threshold).mean()
+            )
+            out["image-query score"] = calibration.score
+            out["log-det gate"] = calibration.log_det_limit is not None
+        version.close()
+    return out
+
+
+def render(args: argparse.Namespace, runs: list[dict], seconds: float) -> str:
+    columns = [k for k in runs[0] if not isinstance(runs[0][k], (str, bool))]
+    lines = [
+        "# The service's reject rule on held-out data",
+        "",
+        f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load (1 min) {os.getloadavg()[0]:.1f}; wall time "
+        f"{seconds / 60:.1f} min.",
+        f"Data: shapes seed {args.data_seed}, {args.images} images; the demo's recipe, training "
+        f"seeds {args.seeds}; metric {METRIC}; calibrated on val at coverage {COVERAGE}, read on "
+        f"test and on {len(list((args.work_dir / 'photos').glob('*.png')))} photographs.",
+        f"Image-query score chosen per seed: {', '.join(str(r['image-query score']) for r in runs)}"
+        f"; log-det gate set: {', '.join(str(r['log-det gate']) for r in runs)}.",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + " --- |" * len(columns),
+    ]
+    cells = []
+    for column in columns:
+        values = [r[column] for r in runs]
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        cells.append(f"{statistics.mean(values):.3g} ± {sd:.2g}")
+    lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--data-seed", type=int, default=11)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "reject_rule")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/reject_rule.md")
+    args = parser.parse_args()
+    args.command = " ".join([".venv/bin/python benchmarks/reject_rule.py", *sys.argv[1:]])
+    from models.datasets.photos import write_photos
+    from models.datasets.shapes import generate_shapes
+
+    started = time.perf_counter()
+    if not (args.work_dir / "data" / "dataset.json").is_file():
+        generate_shapes(args.work_dir / "data", args.images, seed=args.data_seed, overwrite=True)
+    write_photos(args.work_dir / "photos")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    with ProcessPoolExecutor(args.parallel, mp_context=get_context("spawn")) as pool:
+        futures = [
+            pool.submit(run_one, seed, args.work_dir, args.images, args.epochs) for seed in seeds
+        ]
+        runs = [f.result() for f in futures]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(args, runs, time.perf_counter() - started))
+    print(args.out.read_text())
+
+
+if __name__ == "__main__":
+    main()
