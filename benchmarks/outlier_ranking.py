@@ -104,8 +104,7 @@ def main() -> None:
     jobs = [(name, seed) for name in VARIANTS for seed in seeds]
     with ProcessPoolExecutor(args.parallel, mp_context=get_context("spawn")) as pool:
         futures = {
-            job: pool.submit(run_one, *job, args.work_dir, args.images, args.epochs)
-            for job in jobs
+            job: pool.submit(run_one, *job, args.work_dir, args.images, args.epochs) for job in jobs
         }
         rows = {name: [futures[(name, seed)].result() for seed in seeds] for name in VARIANTS}
     args.out.parent.mkdir(parents=True, exist_ok=True)
