@@ -48,7 +48,8 @@ def knn_distance(reference: np.ndarray, x: np.ndarray, k: int = 5) -> np.ndarray
 
 
 def trunk_features(model_dir: Path, images: list) -> np.ndarray:
-    """The image encoder's trunk features (before the Gaussian heads), no dropout."""
+    """The image encoder's trunk features, what its Gaussian heads read (the pooled grid plus,
+    with "objects" pooling, the per-cell object detectors), no dropout."""
     model = load_model(model_dir)
     encoder = model.image_encoder
     out = []
@@ -57,7 +58,10 @@ def trunk_features(model_dir: Path, images: list) -> np.ndarray:
             x = torch.from_numpy(images_to_array(images[start : start + 256], model.config))
             for block in encoder.blocks:
                 x = block(x)
-            out.append(encoder.project(x).numpy())
+            features = encoder.project(x)
+            if encoder.objects is not None:
+                features = features + encoder.objects(x)
+            out.append(features.numpy())
     return np.concatenate(out)
 
 
