@@ -68,8 +68,7 @@ def main() -> None:
         "| stage | seconds |",
         "| --- | --- |",
         *(f"| {name} | {value:.1f} |" for name, value in stages),
-        f"| **total** (process start to exit) | "
-        f"**{total:.1f}** |",
+        f"| **total** (process start to exit) | **{total:.1f}** |",
         "",
         f"Training: {len(seconds)} epochs, seconds each (validation included): {seconds}.",
         "",
