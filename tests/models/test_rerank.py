@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.distance.gaussian import METRICS, elementwise_distance
-from models.scoring.query_scores import shortlist_scores
+from models.scoring.query_scores import shortlist_scores, unfamiliar
 from models.scoring.rerank import (
     distance_params,
     draw_distances,
@@ -157,3 +157,11 @@ def test_draw_distances_are_the_elementwise_distances_of_each_pair(metric: str) 
             cand_mu[q], cand_logvar[q], **distance_params(metric),
         )  # fmt: skip
         assert torch.equal(got[l_, q], want), (l_, q)
+
+
+def test_unfamiliar_is_a_strict_log_det_limit_and_none_without_a_gate() -> None:
+    log_dets = np.array([-130.0, -120.0, -110.0])
+    np.testing.assert_array_equal(unfamiliar(log_dets, -120.0), [False, False, True])
+    np.testing.assert_array_equal(unfamiliar(log_dets, None), [False, False, False])
+    assert unfamiliar(-100.0, -120.0) is True
+    assert unfamiliar(-100.0, None) is False
