@@ -11,9 +11,6 @@ real photographs (`probsearch data photos`), which no training or choice saw.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -22,8 +19,10 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parents[1]
+from seeded_runs import header, mean_sd, parse_args, prepare
+
 VARIANTS = {"demo": 0.0, "demo + outlier ranking": 1.0}  # name -> outlier_ranking_weight
 FIGURES = (  # (column title, reader of one test report)
     ("t2i P@1 single object", lambda t: t["t2i"]["retrieval"]["P@1_single_object"]),
@@ -60,11 +59,7 @@ def run_one(name: str, seed: int, work_dir: Path, images: int, epochs: int) -> d
 
 def render(args: argparse.Namespace, rows: dict[str, list[dict]], seconds: float) -> str:
     lines = [
-        "# Outlier ranking: photographs against shapes images",
-        "",
-        f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load (1 min) {os.getloadavg()[0]:.1f}; wall time "
-        f"{seconds / 60:.1f} min.",
+        *header(args, "Outlier ranking: photographs against shapes images", seconds),
         f"Data: shapes seed {args.data_seed}, {args.images} images (used by no other result); "
         f"training seeds {args.seeds}; figures on its test split, mean ± sd over the seeds, "
         "ranked with the model's metric; photographs from `probsearch data photos`.",
@@ -73,34 +68,15 @@ def render(args: argparse.Namespace, rows: dict[str, list[dict]], seconds: float
         "| --- |" + " --- |" * len(FIGURES),
     ]
     for name, runs in rows.items():
-        cells = []
-        for title, _ in FIGURES:
-            values = [run[title] for run in runs]
-            sd = statistics.stdev(values) if len(values) > 1 else 0.0
-            cells.append(f"{statistics.mean(values):.3g} ± {sd:.2g}")
+        cells = [mean_sd([run[title] for run in runs]) for title, _ in FIGURES]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--data-seed", type=int, default=13)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--parallel", type=int, default=1)
-    parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "outlier_ranking")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/outlier_ranking.md")
-    args = parser.parse_args()
-    args.command = " ".join([".venv/bin/python benchmarks/outlier_ranking.py", *sys.argv[1:]])
-    from models.datasets.photos import write_photos
-    from models.datasets.shapes import generate_shapes
-
+    args = parse_args(__doc__, "outlier_ranking", data_seed=13)
     started = time.perf_counter()
-    if not (args.work_dir / "data" / "dataset.json").is_file():
-        generate_shapes(args.work_dir / "data", args.images, seed=args.data_seed, overwrite=True)
-    write_photos(args.work_dir / "photos")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = prepare(args)
     jobs = [(name, seed) for name in VARIANTS for seed in seeds]
     with ProcessPoolExecutor(args.parallel, mp_context=get_context("spawn")) as pool:
         futures = {

@@ -18,9 +18,6 @@ the fraction rejected.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,8 +27,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parents[1]
+from seeded_runs import header, mean_sd, parse_args, prepare
+
 METRIC = "w2"  # the service's default metric
 COVERAGE = 0.8  # the demo's calibration target
 
@@ -39,14 +38,13 @@ COVERAGE = 0.8  # the demo's calibration target
 def rule_scores(version, calibration, embeddings, judge, device) -> tuple[np.ndarray, np.ndarray]:
     """Each query's value of the rule's score (inf above the log-det gate) and correctness."""
     from indexer.calibration import candidate_name, query_scores_by_candidate
-    from models.scoring.query_scores import unfamiliar
+    from models.scoring.query_scores import gated
 
     scores, correct = query_scores_by_candidate(
         version, METRIC, embeddings, judge, (calibration.temperature,), 100, device
     )
     values = scores[candidate_name(calibration.score, calibration.temperature)]
-    values = np.where(unfamiliar(scores["log_det"], calibration.log_det_limit), np.inf, values)
-    return values, correct
+    return gated(values, scores["log_det"], calibration.log_det_limit), correct
 
 
 def run_one(seed: int, work_dir: Path, images: int, epochs: int) -> dict[str, float]:
@@ -129,11 +127,7 @@ def run_one(seed: int, work_dir: Path, images: int, epochs: int) -> dict[str, fl
 def render(args: argparse.Namespace, runs: list[dict], seconds: float) -> str:
     columns = [k for k in runs[0] if not isinstance(runs[0][k], (str, bool))]
     lines = [
-        "# The service's reject rule on held-out data",
-        "",
-        f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load (1 min) {os.getloadavg()[0]:.1f}; wall time "
-        f"{seconds / 60:.1f} min.",
+        *header(args, "The service's reject rule on held-out data", seconds),
         f"Data: shapes seed {args.data_seed}, {args.images} images; the demo's recipe, training "
         f"seeds {args.seeds}; metric {METRIC}; calibrated on val at coverage {COVERAGE}, read on "
         f"test and on {len(list((args.work_dir / 'photos').glob('*.png')))} photographs.",
@@ -143,34 +137,15 @@ def render(args: argparse.Namespace, runs: list[dict], seconds: float) -> str:
         "| " + " | ".join(columns) + " |",
         "|" + " --- |" * len(columns),
     ]
-    cells = []
-    for column in columns:
-        values = [r[column] for r in runs]
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        cells.append(f"{statistics.mean(values):.3g} ± {sd:.2g}")
+    cells = [mean_sd([r[column] for r in runs]) for column in columns]
     lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--data-seed", type=int, default=11)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--parallel", type=int, default=1)
-    parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "reject_rule")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/reject_rule.md")
-    args = parser.parse_args()
-    args.command = " ".join([".venv/bin/python benchmarks/reject_rule.py", *sys.argv[1:]])
-    from models.datasets.photos import write_photos
-    from models.datasets.shapes import generate_shapes
-
+    args = parse_args(__doc__, "reject_rule", data_seed=11)
     started = time.perf_counter()
-    if not (args.work_dir / "data" / "dataset.json").is_file():
-        generate_shapes(args.work_dir / "data", args.images, seed=args.data_seed, overwrite=True)
-    write_photos(args.work_dir / "photos")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = prepare(args)
     with ProcessPoolExecutor(args.parallel, mp_context=get_context("spawn")) as pool:
         futures = [
             pool.submit(run_one, seed, args.work_dir, args.images, args.epochs) for seed in seeds

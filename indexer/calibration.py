@@ -56,9 +56,9 @@ from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.scoring.query_scores import (
     TEMPERATURE_SCORES,
+    gated,
     query_scores,
     shortlist_distances,
-    unfamiliar,
 )
 from models.scoring.rerank import Ranked, compute_device, rerank_batch
 
@@ -110,6 +110,14 @@ class MetricCalibration:
     # (image queries only; empty otherwise)
     outlier_auroc: dict[str, float] = field(default_factory=dict)
     outliers_rejected: float | None = None  # fraction of those outliers the rule rejects
+
+    def gate_note(self) -> str:
+        """For image queries, "; log-det gate L, rejects X% of outlier images" (no gate: only
+        the fraction); else ""."""
+        if self.outliers_rejected is None:
+            return ""
+        gate = "" if self.log_det_limit is None else f"log-det gate {self.log_det_limit:.1f}, "
+        return f"; {gate}rejects {100 * self.outliers_rejected:.0f}% of outlier images"
 
 
 def select_threshold(score: np.ndarray, correct: np.ndarray, target: Target) -> tuple[float, int]:
@@ -264,13 +272,10 @@ def summarise(
     chosen = max(ranked, key=lambda n: (quality[n], -ranked.index(n)))
     score, _, t = chosen.partition("@T")
     temperature = float(t) if t else float(temperatures[0])
-    gated = np.zeros(len(correct), dtype=bool)
-    if limit is not None:
-        gated = unfamiliar(scores["log_det"], limit)
-    values = np.where(gated, np.inf, scores[chosen])  # rejected by the gate whatever tau is
+    values = scores[chosen] if limit is None else gated(scores[chosen], scores["log_det"], limit)
     threshold, kept = select_threshold(values, correct, target)
     if math.isinf(threshold):  # a target only met by keeping gated queries: keep the others
-        threshold = float(scores[chosen][~gated].max())
+        threshold = float(values[np.isfinite(values)].max())
     kept_mask = values <= threshold
     kept = int(kept_mask.sum())
     kept_precision = float(correct[kept_mask].mean())
@@ -302,10 +307,7 @@ def _outliers_rejected(
     """The fraction of the synthetic outlier queries the rule rejects (None without them)."""
     if not outliers:
         return None
-    rejected = outliers[chosen] > threshold
-    if limit is not None:
-        rejected |= unfamiliar(outliers["log_det"], limit)
-    return float(rejected.mean())
+    return float((gated(outliers[chosen], outliers["log_det"], limit) > threshold).mean())
 
 
 def record(version_dir: Path, results: Sequence[MetricCalibration], data_dir: Path, split: str,

@@ -160,7 +160,8 @@ def _calibration_line(modality: str, version: str, result: Any) -> str:
         f"{modality} {version} {result.metric}: rejects by {result.score} "
         f"(normalised AUPRC {quality:.3f}) T={result.temperature:g} tau={result.threshold:.4f}"
         f" keeps {100 * result.kept_fraction:.1f}% at P@1 precision "
-        f"{100 * result.kept_precision:.1f}% (all queries: {100 * result.accuracy:.1f}%){met}"
+        f"{100 * result.kept_precision:.1f}% (all queries: {100 * result.accuracy:.1f}%)"
+        f"{result.gate_note()}{met}"
     )
 
 

@@ -226,17 +226,12 @@ def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
             mc_samples=plan.mc_samples, seed=plan.seed,
         )  # fmt: skip
         for result in run_calibration(job):
-            flags = ""
-            if result.outliers_rejected is not None:
-                gate = "" if result.log_det_limit is None else (
-                    f"log-det gate {result.log_det_limit:.1f}, "
-                )  # fmt: skip
-                flags = f"; {gate}rejects {100 * result.outliers_rejected:.0f}% of outlier images"
             say(
                 f"      {result.metric}: {result.score} T={result.temperature:g} "
                 f"tau={result.threshold:.4f} "
                 f"keeps {100 * result.kept_fraction:.0f}% of queries at P@1 precision "
-                f"{100 * result.kept_precision:.0f}% (all: {100 * result.accuracy:.0f}%){flags}"
+                f"{100 * result.kept_precision:.0f}% (all: {100 * result.accuracy:.0f}%)"
+                f"{result.gate_note()}"
             )
     return True
 

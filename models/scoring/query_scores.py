@@ -158,3 +158,9 @@ def unfamiliar(log_det: np.ndarray | float, limit: float | None) -> np.ndarray |
     if limit is None:
         return np.zeros(np.shape(log_det), dtype=bool) if np.ndim(log_det) else False
     return np.asarray(log_det) > limit if np.ndim(log_det) else bool(log_det > limit)
+
+
+def gated(values: np.ndarray, log_det: np.ndarray, limit: float | None) -> np.ndarray:
+    """A reject score with the familiarity gate folded in: +inf where the query is unfamiliar
+    (its log-det above `limit`), so it is rejected whatever the threshold."""
+    return np.where(unfamiliar(log_det, limit), np.inf, values)

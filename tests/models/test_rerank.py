@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.distance.gaussian import METRICS, elementwise_distance
-from models.scoring.query_scores import shortlist_scores, unfamiliar
+from models.scoring.query_scores import gated, shortlist_scores, unfamiliar
 from models.scoring.rerank import (
     distance_params,
     draw_distances,
@@ -165,3 +165,6 @@ def test_unfamiliar_is_a_strict_log_det_limit_and_none_without_a_gate() -> None:
     np.testing.assert_array_equal(unfamiliar(log_dets, None), [False, False, False])
     assert unfamiliar(-100.0, -120.0) is True
     assert unfamiliar(-100.0, None) is False
+    scores = np.array([0.5, 0.1, 0.2])
+    np.testing.assert_array_equal(gated(scores, log_dets, -120.0), [0.5, 0.1, np.inf])
+    np.testing.assert_array_equal(gated(scores, log_dets, None), scores)

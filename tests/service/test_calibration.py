@@ -115,7 +115,12 @@ def test_a_log_det_that_flags_outlier_images_gates_them_beside_the_best_score() 
     ungated = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), hidden)
     assert ungated.log_det_limit is None
     assert ungated.outlier_auroc["log_det"] < OUTLIER_AUROC_FLOOR
-    assert summarise("w2", (1.0,), scores, correct, Target(coverage=0.8)).outlier_auroc == {}
+    plain = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8))
+    assert plain.outlier_auroc == {} and plain.gate_note() == ""
+    assert chosen.gate_note() == (
+        f"; log-det gate {chosen.log_det_limit:.1f}, rejects 100% of outlier images"
+    )
+    assert ungated.gate_note().startswith("; rejects ") and "gate" not in ungated.gate_note()
 
 
 @pytest.mark.parametrize(
