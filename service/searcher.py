@@ -22,7 +22,7 @@ from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import METRICS
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR
-from models.scoring.query_scores import QueryScores, shortlist_scores
+from models.scoring.query_scores import QueryScores, agreeing_draws, shortlist_scores
 from models.scoring.rerank import RankedBatch, rerank_batch
 from models.scoring.uncertainty import sample_gaussian
 from service.errors import IndexUnavailableError, InvalidQueryError
@@ -85,6 +85,7 @@ class Encoded:
     encode_ms: float
     embeddings: np.ndarray | None = None  # (K, D) of a pvse encoder
     mc_embeddings: np.ndarray | None = None  # (L, K, D)
+    identical_draws: bool = False  # every draw is (mu, logvar): an encoder without dropout
 
 
 @dataclass
@@ -190,6 +191,7 @@ class Searcher:
                 encode_ms=encode_ms,
                 embeddings=None if out.embeddings is None else out.embeddings[i],
                 mc_embeddings=None if out.mc_embeddings is None else out.mc_embeddings[:, i],
+                identical_draws=out.identical_draws,
             )
             for i, position in enumerate(positions)
         }
@@ -332,6 +334,9 @@ class Searcher:
             return torch.from_numpy(stacked).to(self.device)
 
         query = (tensor([e.mu for e in encoded]), tensor([e.logvar for e in encoded]))  # (Q, D)
+        if _draw_count(encoded[0]) > 0 and all(e.identical_draws for e in encoded):
+            scores = shortlist_scores(metric, query, None, candidates, setting.temperature)
+            return agreeing_draws(scores)
         draws = None
         if _draw_count(encoded[0]) > 0:
             draws = (

@@ -43,6 +43,8 @@ class Embeddings:
     # pvse encoders: the K unit embeddings, (N, K, D) and (L, N, K, D) for the MC draws
     embeddings: np.ndarray | None = None
     mc_embeddings: np.ndarray | None = None
+    # The encoder has no dropout, so every draw is the deterministic embedding, repeated.
+    identical_draws: bool = False
 
 
 def choose_providers(device: str) -> list[str]:
@@ -84,7 +86,9 @@ class OnnxEncoder:
     deterministic embedding. Each item's masks come from a numpy Generator of its own: `seed`
     is either one seed per item, so an item's draws do not depend on what else is in the batch
     (the service batches requests this way), or one int from which the items' seeds are
-    spawned. The same inputs, L and seed give the same draws. Inputs are encoded in chunks of
+    spawned. The same inputs, L and seed give the same draws. A model trained without dropout
+    has no randomness to draw: its L draws are the deterministic embedding repeated, without
+    running the graph L more times (`Embeddings.identical_draws`). Inputs are encoded in chunks of
     `batch_size`. `threads` sizes ONNX Runtime's pools (default: the batch role's budget,
     models.threads, or PROBSEARCH_THREADS).
     """
@@ -168,7 +172,23 @@ class OnnxEncoder:
                 masks[1:, item] = keep.astype(np.float32) / np.float32(1.0 - p)
         return masks
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether the model has no dropout: its MC draws all equal the deterministic pass."""
+        return self.config.dropout == 0
+
     def _run(self, feeds: dict[str, np.ndarray], batch: int, mc_samples: int) -> Embeddings:
+        """Run the graph; a deterministic model runs the deterministic block only."""
+        if not (mc_samples and self.deterministic):
+            return self._run_blocks(feeds, batch, mc_samples)
+        feeds = {name: a[:1] if name.endswith("masks") else a for name, a in feeds.items()}
+        out = self._run_blocks(feeds, batch, 0)
+        out.mc_mu, out.mc_logvar = _repeated(out.mu, mc_samples), _repeated(out.logvar, mc_samples)
+        out.mc_embeddings = _repeated(out.embeddings, mc_samples)
+        out.identical_draws = True
+        return out
+
+    def _run_blocks(self, feeds: dict[str, np.ndarray], batch: int, mc_samples: int) -> Embeddings:
         """Run the graph in chunks along N; split the draw-major output into its blocks."""
         draws, dim = 1 + mc_samples, self.embed_dim
         multi: list[np.ndarray] = []  # pvse: (S, n, K, D) per chunk
@@ -205,6 +225,11 @@ def item_generators(seed: Seeds, count: int) -> list[np.random.Generator]:
     if len(seeds) != count:
         raise EncoderRuntimeError(f"{len(seeds)} seeds given for {count} items; give one each")
     return [np.random.default_rng(int(item_seed)) for item_seed in seeds]
+
+
+def _repeated(array: np.ndarray | None, count: int) -> np.ndarray | None:
+    """`count` copies of `array` along a new leading axis (the draws)."""
+    return None if array is None else np.repeat(array[None], count, axis=0)
 
 
 def _slice_batch(name: str, array: np.ndarray, start: int, stop: int) -> np.ndarray:

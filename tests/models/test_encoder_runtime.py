@@ -1,6 +1,8 @@
 """OnnxEncoder on a trained model dir: same embeddings as torch, seeded MC draws, chunking,
 provider choice and errors."""
 
+import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -9,10 +11,12 @@ import torch
 from PIL import Image
 
 from models.datasets.records import load_dataset
+from models.networks.model_config import ModelConfig
 from models.networks.preprocess import images_to_array, load_image
 from models.networks.probabilistic_model import load_model
 from models.networks.tokenizer import Tokenizer
 from models.onnx.encoder_runtime import EncoderRuntimeError, OnnxEncoder, choose_providers
+from models.onnx.export import export_model_dir
 
 TEXTS = [
     "a red circle",
@@ -78,6 +82,38 @@ def test_mc_draws_are_seeded_and_vary(text_encoder) -> None:
     np.testing.assert_allclose(first.mu, plain.mu, atol=1e-6)  # block 0 is deterministic
     spread = first.mc_mu.var(axis=0).sum(axis=1)  # feature uncertainty per caption
     assert np.all(spread > 0)
+    assert not first.identical_draws and not text_encoder.deterministic
+
+
+@pytest.fixture(scope="module")
+def no_dropout_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with dropout 0, re-exported."""
+    out = tmp_path_factory.mktemp("no-dropout")
+    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
+    dataclasses.replace(ModelConfig.load(out), dropout=0.0).save(out)
+    export_model_dir(out, verify=False)
+    return out
+
+
+def test_a_model_without_dropout_repeats_its_deterministic_embedding(
+    no_dropout_dir, images
+) -> None:
+    """Its draws are the torch model's embedding, repeated, and say so."""
+    model = load_model(no_dropout_dir)
+    text, image = OnnxEncoder(no_dropout_dir, "text"), OnnxEncoder(no_dropout_dir, "image")
+    ids, lengths = Tokenizer.load(no_dropout_dir / "vocab.json").encode_batch(TEXTS, 32)
+    with torch.no_grad():
+        want = {
+            "text": model.encode_texts(torch.from_numpy(ids), torch.from_numpy(lengths)),
+            "image": model.encode_images(torch.from_numpy(images_to_array(images, model.config))),
+        }
+    outs = {"text": text.encode_texts(TEXTS, 5, seed=1), "image": image.encode_images(images, 5)}
+    for name, out in outs.items():
+        assert text.deterministic and out.identical_draws, name
+        assert out.mc_mu.shape == (5, *out.mu.shape) and out.mc_logvar.shape == out.mc_mu.shape
+        for draws, expected in ((out.mc_mu, want[name][0]), (out.mc_logvar, want[name][1])):
+            for draw in draws:
+                np.testing.assert_allclose(draw, expected.numpy(), atol=1e-4, err_msg=name)
 
 
 def test_image_mc_draws_and_chunking(tiny_model_dir, image_encoder, images) -> None:

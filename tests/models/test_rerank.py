@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.distance.gaussian import METRICS, elementwise_distance
-from models.scoring.query_scores import gated, shortlist_scores, unfamiliar
+from models.scoring.query_scores import agreeing_draws, gated, shortlist_scores, unfamiliar
 from models.scoring.rerank import (
     distance_params,
     draw_distances,
@@ -140,6 +140,33 @@ def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metr
         for name, values in alone.available().items():
             assert together.get(name)[q] == values[0], name
         assert together.posterior[q].tolist() == alone.posterior[0].tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 8),
+    st.integers(1, 70),
+    st.sampled_from(METRICS),
+    st.floats(0.05, 20.0),
+    st.integers(0, 2**16),
+)
+def test_agreeing_draws_are_the_scores_of_repeated_draws(
+    queries, draws, m, metric, temperature, seed
+) -> None:
+    """L draws that all equal the query score as agreeing_draws says, without computing them."""
+    rng = np.random.default_rng(seed)
+    mu, logvar = (torch.from_numpy(a) for a in gaussians(queries, rng))  # (Q, D)
+    candidates = tuple(
+        torch.from_numpy(a.reshape(queries, m, D)) for a in gaussians(queries * m, rng)
+    )
+    repeated = (mu.expand(draws, -1, -1), logvar.expand(draws, -1, -1))  # (L, Q, D)
+    full = shortlist_scores(metric, (mu, logvar), repeated, candidates, temperature)
+    short = agreeing_draws(shortlist_scores(metric, (mu, logvar), None, candidates, temperature))
+    assert set(short.available()) == set(full.available())
+    for name, values in full.available().items():
+        np.testing.assert_allclose(short.get(name), values, rtol=1e-9, atol=1e-9, err_msg=name)
+    np.testing.assert_array_equal(short.posterior, full.posterior)
 
 
 @pytest.mark.parametrize("metric", METRICS)

@@ -2,6 +2,7 @@
 Searcher shortlists, re-ranks and scores a batch together, and must not mix queries up."""
 
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -11,7 +12,9 @@ import torch
 from PIL import Image
 
 from indexer.store import IndexVersion
+from models.networks.model_config import ModelConfig
 from models.onnx.encoder_runtime import OnnxEncoder
+from models.onnx.export import export_model_dir
 from service.errors import InvalidQueryError
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
@@ -171,3 +174,42 @@ def test_a_bad_query_fails_alone_in_its_batch(artifacts: Artifacts, searcher: Se
     assert isinstance(outcomes[1], InvalidQueryError)
     got = [answer(outcomes[0]), answer(outcomes[2])]
     assert got == alone(searcher, [queries[0], queries[2]])
+
+
+@pytest.fixture(scope="module")
+def no_dropout_searcher(artifacts: Artifacts, tmp_path_factory) -> Iterator[Searcher]:
+    """The session's model with dropout 0 (re-exported) on the session's image gallery."""
+    model = tmp_path_factory.mktemp("no-dropout-model")
+    shutil.copytree(artifacts.model, model, dirs_exist_ok=True)
+    replace(ModelConfig.load(model), dropout=0.0).save(model)
+    export_model_dir(model, verify=False)
+    holder = IndexHolder(
+        artifacts.index_root, ["image"], None, ServiceMetrics(), poll_interval_s=60
+    )
+    holder.start()
+    try:
+        yield Searcher(
+            holder, {"text": OnnxEncoder(model, "text", device="cpu")}, default_metric="w2",
+            candidate_metric="w2", max_shortlist=200, device=torch.device("cpu"),
+        )  # fmt: skip
+    finally:
+        holder.stop()
+
+
+def test_draws_of_a_model_without_dropout_change_nothing(
+    artifacts: Artifacts, no_dropout_searcher: Searcher
+) -> None:
+    """Its draws are its embedding: 8 of them give the answer of none, with MI and feature
+    uncertainty 0; an embedding query sampled in the same batch keeps its own draws."""
+    caption = "a red circle"
+    with_draws = Query("text", "image", params(mc_samples=8, temperature=0.2), 1, text=caption)
+    without = replace(with_draws, params=params(mc_samples=0, temperature=0.2))
+    (mu, logvar), *_ = gallery_gaussians(artifacts, "image", [5])
+    sampled = Query("embedding", "image", params(mc_samples=8), 2, mu=mu, logvar=logvar)
+    got, plain, embedded = no_dropout_searcher.search_batch([with_draws, without, sampled])
+    assert answer(got)["hits"] == answer(plain)["hits"]
+    assert got.uncertainty.posterior_entropy == plain.uncertainty.posterior_entropy
+    assert got.uncertainty.mutual_information == got.uncertainty.feature_uncertainty == 0.0
+    assert plain.uncertainty.mutual_information is None and got.mc_samples == 8
+    assert answer(embedded) == alone(no_dropout_searcher, [sampled])[0]
+    assert embedded.uncertainty.feature_uncertainty > 0
