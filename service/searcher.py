@@ -22,7 +22,7 @@ from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import METRICS
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR
-from models.scoring.query_scores import QueryScores, agreeing_draws, shortlist_scores
+from models.scoring.query_scores import QueryScores, shortlist_scores
 from models.scoring.rerank import RankedBatch, rerank_batch
 from models.scoring.uncertainty import sample_gaussian
 from service.errors import IndexUnavailableError, InvalidQueryError
@@ -334,16 +334,14 @@ class Searcher:
             return torch.from_numpy(stacked).to(self.device)
 
         query = (tensor([e.mu for e in encoded]), tensor([e.logvar for e in encoded]))  # (Q, D)
-        if _draw_count(encoded[0]) > 0 and all(e.identical_draws for e in encoded):
-            scores = shortlist_scores(metric, query, None, candidates, setting.temperature)
-            return agreeing_draws(scores)
         draws = None
         if _draw_count(encoded[0]) > 0:
             draws = (
                 tensor([e.mc_mu for e in encoded], axis=1),  # type: ignore[misc]  # (L, Q, D)
                 tensor([e.mc_logvar for e in encoded], axis=1),  # type: ignore[misc]
             )
-        return shortlist_scores(metric, query, draws, candidates, setting.temperature)
+        identical = all(e.identical_draws for e in encoded)
+        return shortlist_scores(metric, query, draws, candidates, setting.temperature, identical)
 
     def _finish_max_pair(self, loaded: LoadedIndex, plan: _Plan) -> Outcome:
         """A pvse query: best-pair ranking and its scores, on its own."""

@@ -78,12 +78,17 @@ def shortlist_scores(
     draws: tuple[torch.Tensor, torch.Tensor] | None,
     candidates: tuple[torch.Tensor, torch.Tensor],
     temperature: float,
+    identical_draws: bool = False,
 ) -> QueryScores:
     """query_scores of Q queries from their embeddings and shortlists.
 
     query: (mu, logvar) (Q, D); draws: (mc_mu, mc_logvar) (L, Q, D) or None; candidates:
-    (mu, logvar) (Q, M, D) of each query's shortlist, in its order.
+    (mu, logvar) (Q, M, D) of each query's shortlist, in its order. identical_draws: every
+    draw equals its query (an encoder without dropout), so they are not computed
+    (agreeing_draws).
     """
+    if draws is not None and draws[0].shape[0] > 0 and identical_draws:
+        return agreeing_draws(shortlist_scores(metric, query, None, candidates, temperature))
     distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
     mc_mu = None if mc_distances is None or draws is None else draws[0]
     return query_scores(query[1], distances, temperature, mc_mu, mc_distances)
@@ -92,8 +97,7 @@ def shortlist_scores(
 def agreeing_draws(scores: QueryScores) -> QueryScores:
     """The scores of queries whose MC draws all equal their deterministic embedding (a model
     without dropout), from their scores without draws: the draws do not vary, so the feature
-    uncertainty and the MI are 0 and their mean posterior is the deterministic one. Saves
-    computing L identical sets of distances."""
+    uncertainty and the MI are 0 and their mean posterior is the deterministic one."""
     zeros = np.zeros_like(scores.log_det)
     return dataclasses.replace(scores, feature_uncertainty=zeros, mutual_information=zeros.copy())
 
