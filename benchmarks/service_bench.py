@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -325,44 +327,130 @@ def label(cell: Cell) -> str:
 
 
 def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunState) -> None:
-    """Start each server once, run its cells (and the raw parts of its thread setting)."""
+    """Start each server once and run its cells (and the raw parts of its thread setting);
+    then the comparison cells in rounds, their servers all up and taking turns."""
     logs = args.work_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     art = demo_artifacts(args.demo_dir, args.quick)
     unique = list(dict.fromkeys(cell for cells in plan.values() for cell in cells))
-    servers = list(dict.fromkeys(cell.server for cell in unique))
-    extra = dict(setting_env(s) for s in args.setting)
-    nonce = secrets.token_hex(4)
+    compared = [c for c in unique if any(c in plan.get(n, []) for n in COMPARED)]
+    compared = compared if args.rounds else []
     with redis_server(logs) as redis_url:
-        for config in servers:
-            gallery, index_root = None, art.index_root
-            if config.gallery:
-                index_root = synthetic_gallery(
-                    args.work_dir, art.model, args.gallery_size, tuple(args.gallery_metrics)
-                )
-                gallery = gallery_queries(index_root)
-            env = server_env(config, extra, redis_url)
-            state.servers[config.name] = {
-                k: v for k, v in env.items() if k.startswith("PROBSEARCH")
-            }
-            log_path = logs / f"server-{config.name.replace('=', '-')}.log"
-            started = time.perf_counter()
-            with server(env, art.model, index_root, log_path) as (url, process):
-                print(f"server {config.name} ready in {time.perf_counter() - started:.1f} s")
-                warm_up(url, config, art, gallery, args, f"{nonce}w")
+        context = ServerContext(args, art, redis_url, logs, state, secrets.token_hex(4))
+        for config in dict.fromkeys(cell.server for cell in unique):
+            own = [c for c in unique if c.server == config and c not in compared]
+            needs_raw = not config.gallery and config != UNBATCHED_SERVER
+            with context.started(config) if own else contextlib.nullcontext() as up:
                 for background in sorted({c.background for c in unique if c.server == config}):
                     with background_load(background):
-                        if not config.gallery and config != UNBATCHED_SERVER:
+                        if needs_raw:
                             setting = dict(config.env).get("PROBSEARCH_THREADS", "default")
                             state.raw[(setting, background)] = raw_parts(
-                                env, art, setting, args.raw_iterations
+                                context.env(config), art, setting, args.raw_iterations
                             )
-                        for position, cell in enumerate(unique):
-                            if cell.server == config and cell.background == background:
-                                make = request_maker(cell, art, gallery, f"{nonce}c{position}")
-                                state.cells[cell] = measure(url, process, cell, make, args)
-                # Whether a thread setting took effect shows in the server's thread count.
-                state.server_threads[config.name] = process.num_threads()
+                        for cell in own:
+                            if cell.background == background:
+                                state.cells[cell] = context.measure(*up[:2], cell)
+                if up is not None:  # a thread setting shows in the server's thread count
+                    state.server_threads[config.name] = up[1].num_threads()
+        if compared:
+            run_rounds(context, compared)
+
+
+COMPARED = ("threads", "batching")  # scenarios whose cells are measured in rounds
+
+
+def run_rounds(context: ServerContext, cells: list[Cell]) -> None:
+    """Every server of `cells` up at once; in each round every cell once, the order rotated
+    round by round, so a drift of the shared machine reaches every server alike; each figure
+    is its median over the rounds (combine_rounds)."""
+    rounds: dict[Cell, list[Measured]] = {cell: [] for cell in cells}
+    with contextlib.ExitStack() as stack:
+        up = {
+            config: stack.enter_context(context.started(config))
+            for config in dict.fromkeys(cell.server for cell in cells)
+        }
+        for background in sorted({cell.background for cell in cells}):
+            batch = [cell for cell in cells if cell.background == background]
+            with background_load(background):
+                for number in range(context.args.rounds):
+                    shift = number % len(batch)
+                    for cell in batch[shift:] + batch[:shift]:
+                        url, process, _ = up[cell.server]
+                        rounds[cell].append(context.measure(url, process, cell))
+        for config, (_, process, _) in up.items():
+            context.state.server_threads[config.name] = process.num_threads()
+    for cell, measured in rounds.items():
+        context.state.cells[cell] = combine_rounds(measured)
+
+
+def combine_rounds(rounds: list[Measured]) -> Measured:
+    """Median of each figure over the rounds; counts and errors summed."""
+    summaries = [m.summary for m in rounds]
+    statuses: dict[int, int] = {}
+    for s in summaries:
+        for status, count in s.error_statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
+
+    def median(name: str) -> float:
+        return float(np.median([getattr(s, name) for s in summaries]))
+
+    summary = Summary(
+        count=sum(s.count for s in summaries),
+        errors=sum(s.errors for s in summaries),
+        error_statuses=statuses,
+        **{name: median(name) for name in ("p50", "p95", "p99", "mean", "qps", "hit_fraction")},
+    )
+    return Measured(
+        summary,
+        float(np.median([m.client_cpu for m in rounds])),
+        float(np.median([m.server_cpu for m in rounds])),
+    )
+
+
+@dataclass
+class ServerContext:
+    """What starting a server and measuring a cell on it need."""
+
+    args: argparse.Namespace
+    art: Artifacts
+    redis_url: str
+    logs: Path
+    state: RunState
+    nonce: str
+    galleries: dict[str, tuple] = field(default_factory=dict)  # server name -> its queries
+    measured: int = 0  # cells so far: each gets requests no other cell sends
+
+    def env(self, config: ServerConfig) -> dict[str, str]:
+        return server_env(config, dict(setting_env(s) for s in self.args.setting), self.redis_url)
+
+    @contextlib.contextmanager
+    def started(self, config: ServerConfig) -> Iterator[tuple]:
+        """The server of `config`, warmed up: (url, process, synthetic gallery queries)."""
+        index_root = self.art.index_root
+        if config.gallery:
+            index_root = synthetic_gallery(
+                self.args.work_dir,
+                self.art.model,
+                self.args.gallery_size,
+                tuple(self.args.gallery_metrics),
+            )
+            self.galleries[config.name] = gallery_queries(index_root)
+        env = self.env(config)
+        self.state.servers[config.name] = {k: v for k, v in env.items() if k.startswith("PROB")}
+        log_path = self.logs / f"server-{config.name.replace('=', '-')}.log"
+        begun = time.perf_counter()
+        with server(env, self.art.model, index_root, log_path) as (url, process):
+            print(f"server {config.name} ready in {time.perf_counter() - begun:.1f} s")
+            gallery = self.galleries.get(config.name)
+            warm_up(url, config, self.art, gallery, self.args, f"{self.nonce}w{self.measured}")
+            yield url, process, gallery
+
+    def measure(self, url: str, process: psutil.Process, cell: Cell) -> Measured:
+        self.measured += 1
+        gallery = self.galleries.get(cell.server.name)
+        make = request_maker(cell, self.art, gallery, f"{self.nonce}c{self.measured}")
+        return measure(url, process, cell, make, self.args)
 
 
 def warm_up(url: str, config: ServerConfig, art: Artifacts, gallery, args, nonce: str) -> None:
@@ -497,6 +585,13 @@ def parse_args() -> argparse.Namespace:
         choices=("raw", "httpx"),
         default="raw",
         help="HTTP client of the load generator (httpx: slow at high concurrency)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the threads and batching cells, their servers taking turns; each "
+        "figure is the median over rounds (0: one pass, server after server)",
     )
     parser.add_argument("--note", action="append", default=[], help="a line for the report")
     parser.add_argument("--raw-parts", help=argparse.SUPPRESS)

@@ -245,6 +245,19 @@ def checks(args, state: RunState) -> list[str]:
     return lines
 
 
+def rounds_line(args) -> str:
+    """How the cells of the threads and batching scenarios were measured."""
+    if not args.rounds:
+        return "- rounds: none; each server's cells ran in one pass, one server after another"
+    return (
+        f"- rounds: the cells of the threads and batching scenarios ran in {args.rounds} rounds"
+        " with all their servers up, each round in an order rotated by one cell, so a drift"
+        " of the shared machine reaches every setting alike; their figures are medians over"
+        " the rounds (n and errors: sums); a shipped-defaults cell they share with main is"
+        " that median too"
+    )
+
+
 def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start, wall_s) -> None:
     load_end = os.getloadavg()
     lines = [
@@ -267,6 +280,7 @@ def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start,
         " window, QPS = successful completions in it per second",
         f"- client: {CLIENTS[args.client]} in the benchmark's process, on the same machine (its"
         " CPU is the client CPU column, in cores); server CPU likewise, for the server process",
+        rounds_line(args),
         "- cache: `miss` cells send distinct requests (text, image bytes or mu differ), `hit`"
         " cells repeat one; hit % is the share answered with X-Cache: hit",
         "- servers (PROBSEARCH_* each one ran with; Redis on a free port, db 0 demo / db 1"
