@@ -160,13 +160,15 @@ class OnnxEncoder:
     def _masks(
         self, rngs: Sequence[np.random.Generator], name: str, mc_samples: int, *middle: int
     ) -> np.ndarray:
-        """(1 + L, N, *middle, width) float32: block 0 ones, blocks 1..L item i's draws."""
+        """(1 + L, N, *middle, width) float32: block 0 ones, blocks 1..L item i's draws; a
+        deterministic model has the ones block only (its draws are not run, see _run)."""
         if mc_samples < 0:
             raise EncoderRuntimeError(f"mc_samples must be >= 0, got {mc_samples}")
+        mc_samples = 0 if self.deterministic else mc_samples
         width = self._mask_widths[name]
         masks = np.ones((1 + mc_samples, len(rngs), *middle, width), dtype=np.float32)
         p = self.config.dropout
-        if mc_samples and p > 0:
+        if mc_samples:
             for item, rng in enumerate(rngs):
                 keep = rng.random((mc_samples, *middle, width)) >= p  # (L, *middle, width)
                 masks[1:, item] = keep.astype(np.float32) / np.float32(1.0 - p)
@@ -181,8 +183,7 @@ class OnnxEncoder:
         """Run the graph; a deterministic model runs the deterministic block only."""
         if not (mc_samples and self.deterministic):
             return self._run_blocks(feeds, batch, mc_samples)
-        feeds = {name: a[:1] if name.endswith("masks") else a for name, a in feeds.items()}
-        out = self._run_blocks(feeds, batch, 0)
+        out = self._run_blocks(feeds, batch, 0)  # the masks hold the deterministic block only
         out.mc_mu, out.mc_logvar = _repeated(out.mu, mc_samples), _repeated(out.logvar, mc_samples)
         out.mc_embeddings = _repeated(out.embeddings, mc_samples)
         out.identical_draws = True

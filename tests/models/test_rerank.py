@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.distance.gaussian import METRICS, elementwise_distance
-from models.scoring.query_scores import agreeing_draws, gated, shortlist_scores, unfamiliar
+from models.scoring.query_scores import gated, shortlist_scores, unfamiliar
 from models.scoring.rerank import (
     distance_params,
     draw_distances,
@@ -109,6 +109,15 @@ def test_a_query_without_candidates_gets_an_empty_shortlist() -> None:
     assert len(batch.query(1).rows) == 0
 
 
+def queries_and_shortlists(queries: int, m: int, rng: np.random.Generator) -> tuple:
+    """Q random query Gaussians (Q, D) and a shortlist of m random candidates each (Q, m, D)."""
+    query = tuple(torch.from_numpy(a) for a in gaussians(queries, rng))
+    candidates = tuple(
+        torch.from_numpy(a.reshape(queries, m, D)) for a in gaussians(queries * m, rng)
+    )
+    return query, candidates
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.integers(1, 6),
@@ -121,11 +130,10 @@ def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metr
     """Q queries scored together get the very scores each gets alone (query_scores pads the
     candidates to whole SIMD blocks)."""
     rng = np.random.default_rng(seed)
-    mu, logvar = (torch.from_numpy(a) for a in gaussians(queries, rng))  # (Q, D)
+    (mu, logvar), candidates = queries_and_shortlists(queries, m, rng)
     mc_mu, mc_logvar = (
         torch.from_numpy(a.reshape(draws, queries, D)) for a in gaussians(queries * draws, rng)
     )  # (L, Q, D) each
-    candidates = [torch.from_numpy(a.reshape(queries, m, D)) for a in gaussians(queries * m, rng)]
     together = shortlist_scores(
         metric, (mu, logvar), (mc_mu, mc_logvar) if draws else None, tuple(candidates), 0.7
     )
@@ -154,15 +162,12 @@ def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metr
 def test_agreeing_draws_are_the_scores_of_repeated_draws(
     queries, draws, m, metric, temperature, seed
 ) -> None:
-    """L draws that all equal the query score as agreeing_draws says, without computing them."""
-    rng = np.random.default_rng(seed)
-    mu, logvar = (torch.from_numpy(a) for a in gaussians(queries, rng))  # (Q, D)
-    candidates = tuple(
-        torch.from_numpy(a.reshape(queries, m, D)) for a in gaussians(queries * m, rng)
-    )
+    """L draws that all equal the query, flagged identical, score as when computed (the
+    agreeing_draws path)."""
+    (mu, logvar), candidates = queries_and_shortlists(queries, m, np.random.default_rng(seed))
     repeated = (mu.expand(draws, -1, -1), logvar.expand(draws, -1, -1))  # (L, Q, D)
     full = shortlist_scores(metric, (mu, logvar), repeated, candidates, temperature)
-    short = agreeing_draws(shortlist_scores(metric, (mu, logvar), None, candidates, temperature))
+    short = shortlist_scores(metric, (mu, logvar), repeated, candidates, temperature, True)
     assert set(short.available()) == set(full.available())
     for name, values in full.available().items():
         np.testing.assert_allclose(short.get(name), values, rtol=1e-9, atol=1e-9, err_msg=name)
