@@ -82,7 +82,7 @@ def _time(services, loaded, spec: dict, draws: int) -> dict:
                 for a in (out.mc_mu, out.mc_logvar)
             )  # (L, 1, D)
         candidates = (ranked.mu[None], ranked.logvar[None])
-        shortlist_scores(metric, query, mc, candidates, temperature, out.identical_draws)
+        shortlist_scores(metric, query, mc, candidates, temperature, out.identical_draws, True)
         t4 = time.perf_counter()
         index.metadata(ranked.rows[:K].tolist())
         t5 = time.perf_counter()

@@ -56,6 +56,7 @@ from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.scoring.query_scores import (
     TEMPERATURE_SCORES,
+    CaptionFit,
     gated,
     query_scores,
     shortlist_distances,
@@ -211,8 +212,9 @@ def query_scores_by_candidate(
         bar.update(len(tops))
     bar.close()
     values: dict[str, np.ndarray] = {}
+    captions = version.manifest.modality == "image"  # an image gallery is searched by captions
     for group in groups.values():
-        _score_group(metric, embeddings, group, temperatures, device, values, len(rows))
+        _score_group(metric, embeddings, group, temperatures, device, values, len(rows), captions)
     return values, correct
 
 
@@ -224,6 +226,7 @@ def _score_group(
     device: torch.device,
     values: dict[str, np.ndarray],
     num_queries: int,
+    caption_query: bool,
 ) -> None:
     """Fill `values` for the queries of `group` (all with shortlists of one length), a block
     of SCORE_BLOCK queries at a time; distances are computed once for every temperature."""
@@ -239,8 +242,9 @@ def _score_group(
             for a in (embeddings.mc_mu, embeddings.mc_logvar)
         )
         distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
+        fit = CaptionFit(query[0], candidates, caption_query)
         for temperature in temperatures:
-            scores = query_scores(query[1], distances, temperature, draws[0], mc_distances)
+            scores = query_scores(query[1], distances, temperature, draws[0], mc_distances, fit)
             for name, value in scores.available().items():
                 key = candidate_name(name, temperature)
                 values.setdefault(key, np.zeros(num_queries))[index] = value

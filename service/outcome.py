@@ -37,6 +37,7 @@ class Uncertainty:
     mutual_information: float | None
     feature_uncertainty: float | None
     posterior_entropy: float
+    top_mahalanobis: float | None
 
     @classmethod
     def at(cls, scores: QueryScores, j: int) -> "Uncertainty":

@@ -119,7 +119,7 @@ class RejectScoreInfo(BaseModel):
     with the gate's limit when an image query's log-det is above it (an unfamiliar image)."""
 
     name: str = Field(description="One of log_det, entropy, feature_uncertainty, "
-                      "mutual_information, posterior_entropy.")  # fmt: skip
+                      "mutual_information, posterior_entropy, top_mahalanobis.")  # fmt: skip
     value: float | None = Field(description="The query's value; null if not computed "
                                 "(a draw-based score with mc_samples 0).")  # fmt: skip
     threshold: float | None = Field(description="Rejected when value > threshold; null: never.")
@@ -141,6 +141,13 @@ class QueryInfo(BaseModel):
     posterior_entropy: float = Field(
         description="Entropy (nats) of the mean retrieval posterior over the shortlist: high "
         "when many candidates are about equally good (an ambiguous query)."
+    )
+    top_mahalanobis: float | None = Field(
+        default=None,
+        description="Squared Mahalanobis distance between the image and caption means of the "
+        "query and its first result, under the caption's Gaussian (whose variance is the "
+        "spread of the images it describes): large when the first result lies outside what "
+        "the caption allows. Null for models without variances (pvse).",
     )
     reject_score: RejectScoreInfo
     rejected: bool = Field(description="reject_score.value > reject_score.threshold.")

@@ -121,6 +121,7 @@ def _response(outcome: Outcome, params: SearchParams, model_name: str) -> Search
         mutual_information=unc.mutual_information,
         feature_uncertainty=unc.feature_uncertainty,
         posterior_entropy=unc.posterior_entropy,
+        top_mahalanobis=unc.top_mahalanobis,
         reject_score=RejectScoreInfo(**dataclasses.asdict(outcome.reject_score)),
         rejected=outcome.reject_score.rejected,
         reject_threshold=outcome.reject_score.threshold,

@@ -315,7 +315,9 @@ class Searcher:
             index = slice(None) if whole else torch.as_tensor(members, device=ranked.mu.device)
             candidates = (ranked.mu[index, :m], ranked.logvar[index, :m])  # (Q', m, D) each
             encoded = [plans[i].encoded for i in members]
-            scores = self._scores(plans[0].metric, encoded, candidates, settings[members[0]])
+            captions = plans[0].query.gallery == "image"  # an image gallery is searched by text
+            setting = settings[members[0]]
+            scores = self._scores(plans[0].metric, encoded, candidates, setting, captions)
             for j, i in enumerate(members):
                 scored[i] = (scores, j)
         return scored
@@ -326,6 +328,7 @@ class Searcher:
         encoded: list[Encoded],
         candidates: tuple[torch.Tensor, torch.Tensor],
         setting: ScoreSettings,
+        caption_query: bool,
     ) -> QueryScores:
         """models.scoring's scores of queries (with as many draws) over their shortlists."""
 
@@ -341,7 +344,9 @@ class Searcher:
                 tensor([e.mc_logvar for e in encoded], axis=1),  # type: ignore[misc]
             )
         identical = all(e.identical_draws for e in encoded)
-        return shortlist_scores(metric, query, draws, candidates, setting.temperature, identical)
+        return shortlist_scores(
+            metric, query, draws, candidates, setting.temperature, identical, caption_query
+        )
 
     def _finish_max_pair(self, loaded: LoadedIndex, plan: _Plan) -> Outcome:
         """A pvse query: best-pair ranking and its scores, on its own."""

@@ -39,7 +39,12 @@ from models.networks.heads import fraction_at_bound
 from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR, max_pair_distance, shortlist_max_pair_distance
-from models.scoring.query_scores import TEMPERATURE_SCORES, query_scores, shortlist_distances
+from models.scoring.query_scores import (
+    TEMPERATURE_SCORES,
+    CaptionFit,
+    query_scores,
+    shortlist_distances,
+)
 from models.scoring.rerank import compute_device, gather_rows
 from models.scoring.uncertainty import log_det
 
@@ -228,9 +233,11 @@ def direction_scores(
     gallery: Embeddings,
     shortlist: np.ndarray,
     config: EvalConfig,
+    caption_query: bool | None = None,
 ) -> dict[str, np.ndarray]:
     """Every uncertainty score of every query over its shortlist (models.scoring), with the
-    temperature-dependent ones once per temperature, named "<score>@T<t>"."""
+    temperature-dependent ones once per temperature, named "<score>@T<t>". caption_query: the
+    queries are captions (True) or images (False), for top_mahalanobis; None leaves it out."""
     device = torch_device(config.device)
     parts: dict[str, list[np.ndarray]] = {}
     has_draws = queries.mc_mu is not None and queries.mc_mu.shape[0] >= 1
@@ -246,6 +253,7 @@ def direction_scores(
                 torch.from_numpy(a[:, start:stop]).to(device)
                 for a in (queries.mc_mu, queries.mc_logvar)
             )
+        fit = None
         if metric == MAX_PAIR:
             distances, mc_distances = max_pair_shortlist_distances(
                 queries, gallery, rows, slice(start, stop), has_draws, device
@@ -256,9 +264,11 @@ def direction_scores(
                 gather_rows(gallery.logvar, rows, device),
             )
             distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
+            if caption_query is not None:
+                fit = CaptionFit(query[0], candidates, caption_query)
         mc_mu = None if draws is None else draws[0]
         for t, temperature in enumerate(config.temperatures):
-            scores = query_scores(query[1], distances, temperature, mc_mu, mc_distances)
+            scores = query_scores(query[1], distances, temperature, mc_mu, mc_distances, fit)
             for name, values in scores.available().items():
                 if name in TEMPERATURE_SCORES:
                     parts.setdefault(f"{name}@T{temperature:g}", []).append(values)
@@ -340,7 +350,9 @@ def evaluate_direction(
     device = torch_device(config.device)
     chunks = distance_chunks(metric, queries, gallery, config.chunk_size, device, config.seed)
     result = rank_queries(chunks, queries.mu.shape[0], positives, sets, config.shortlist_size)
-    scores = direction_scores(metric, queries, gallery, result.shortlist, config)
+    scores = direction_scores(
+        metric, queries, gallery, result.shortlist, config, caption_query=direction == "t2i"
+    )
     correct = result.top1_hit["r_precision"]
     ambiguity = np.log(np.maximum(result.relevant_count["r_precision"], 1))
     retrieval = summarize_ranking(result)
@@ -522,7 +534,7 @@ def ood_auroc(
     shortlist = np.concatenate(
         [torch.topk(d, m, dim=1, largest=False).indices.cpu().numpy() for _, d in chunks]
     )  # (Q_ood, m)
-    scores = direction_scores(metric, ood, captions, shortlist, config)
+    scores = direction_scores(metric, ood, captions, shortlist, config, caption_query=False)
     return {
         "images": int(ood.mu.shape[0]),
         "auroc": {

@@ -9,6 +9,10 @@ embedding, draws and shortlist gets the same scores everywhere. Larger always me
   p_l = softmax(-d_l / T) of the draws over the shortlist: the draws disagree.
 - posterior_entropy: H(mean_l p_l), or H(p) of the deterministic posterior without draws: many
   candidates are about equally good (an ambiguous query), which MI does not see.
+- top_mahalanobis: sum_d (mu_image - mu_caption)^2 / sigma_caption^2 of the query and its first
+  result, whichever of the two is the caption: a caption's variance is fitted to the spread of
+  the images it describes (models.objectives.regularizers.partner_spread_loss), so a first
+  result far outside that spread is an answer the model itself does not expect to be right.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from models.scoring.uncertainty import (
     entropy,
     feature_uncertainty,
     log_det,
+    mahalanobis,
     mutual_information,
     retrieval_posterior,
 )
@@ -41,6 +46,7 @@ SCORE_NAMES: tuple[str, ...] = (
     "feature_uncertainty",
     "mutual_information",
     "posterior_entropy",
+    "top_mahalanobis",
 )
 TEMPERATURE_SCORES: tuple[str, ...] = ("mutual_information", "posterior_entropy")
 DRAW_SCORES: tuple[str, ...] = ("feature_uncertainty", "mutual_information")
@@ -48,7 +54,8 @@ DRAW_SCORES: tuple[str, ...] = ("feature_uncertainty", "mutual_information")
 
 @dataclass
 class QueryScores:
-    """Scores of Q queries, each (Q,) float64; the draw scores are None without >= 1 draw.
+    """Scores of Q queries, each (Q,) float64; the draw scores are None without >= 1 draw, and
+    top_mahalanobis without the query's mean, its candidates and the side of the caption.
 
     `posterior` (Q, M) is the deterministic retrieval posterior softmax(-d / T) over each
     query's shortlist: the `score` of each result.
@@ -60,6 +67,7 @@ class QueryScores:
     mutual_information: np.ndarray | None
     posterior_entropy: np.ndarray
     posterior: np.ndarray
+    top_mahalanobis: np.ndarray | None = None
 
     def get(self, name: str) -> np.ndarray | None:
         """The (Q,) values of one score by name (SCORE_NAMES)."""
@@ -79,19 +87,23 @@ def shortlist_scores(
     candidates: tuple[torch.Tensor, torch.Tensor],
     temperature: float,
     identical_draws: bool = False,
+    caption_query: bool | None = None,
 ) -> QueryScores:
     """query_scores of Q queries from their embeddings and shortlists.
 
     query: (mu, logvar) (Q, D); draws: (mc_mu, mc_logvar) (L, Q, D) or None; candidates:
     (mu, logvar) (Q, M, D) of each query's shortlist, in its order. identical_draws: every
     draw equals its query (an encoder without dropout), so they are not computed
-    (agreeing_draws).
+    (agreeing_draws). caption_query: the queries are captions (True) or images (False);
+    None leaves top_mahalanobis out.
     """
     if draws is not None and draws[0].shape[0] > 0 and identical_draws:
-        return agreeing_draws(shortlist_scores(metric, query, None, candidates, temperature))
+        alone = shortlist_scores(metric, query, None, candidates, temperature, False, caption_query)
+        return agreeing_draws(alone)
     distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
     mc_mu = None if mc_distances is None or draws is None else draws[0]
-    return query_scores(query[1], distances, temperature, mc_mu, mc_distances)
+    fit = None if caption_query is None else CaptionFit(query[0], candidates, caption_query)
+    return query_scores(query[1], distances, temperature, mc_mu, mc_distances, fit)
 
 
 def agreeing_draws(scores: QueryScores) -> QueryScores:
@@ -117,6 +129,28 @@ def shortlist_distances(
     return distances, draw_distances(metric, *draws, *candidates)  # (L, Q, M)
 
 
+@dataclass(frozen=True)
+class CaptionFit:
+    """What top_mahalanobis needs beside the distances: the queries' means (Q, D), their
+    shortlists' (mu, logvar) (Q, M, D), and whether the queries are the captions."""
+
+    query_mu: torch.Tensor
+    candidates: tuple[torch.Tensor, torch.Tensor]
+    caption_query: bool
+
+    def top_mahalanobis(self, query_logvar: torch.Tensor, distances: torch.Tensor) -> np.ndarray:
+        """(Q,) Mahalanobis distance of each image mean under its caption's Gaussian, for the
+        query and its first result (the smallest of `distances` (Q, M))."""
+        first = distances.argmin(dim=-1)  # (Q,)
+        rows = torch.arange(first.shape[0], device=first.device)
+        top_mu, top_logvar = self.candidates[0][rows, first], self.candidates[1][rows, first]
+        if self.caption_query:
+            values = mahalanobis(top_mu.double(), self.query_mu.double(), query_logvar.double())
+        else:
+            values = mahalanobis(self.query_mu.double(), top_mu.double(), top_logvar.double())
+        return values.cpu().numpy()
+
+
 def _entropy_of(p: torch.Tensor) -> torch.Tensor:
     """Shannon entropy (nats) over the last dim, 0 * ln 0 = 0."""
     return -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(dim=-1)
@@ -128,6 +162,7 @@ def query_scores(
     temperature: float,
     mc_mu: torch.Tensor | None = None,
     mc_distances: torch.Tensor | None = None,
+    fit: CaptionFit | None = None,
 ) -> QueryScores:
     """Scores of Q queries over their shortlists.
 
@@ -138,6 +173,7 @@ def query_scores(
         temperature: T of the retrieval posterior.
         mc_mu: (L, Q, D) means of the L MC draws, or None.
         mc_distances: (L, Q, M) distances of each draw to the same candidates, or None.
+        fit: the means and side of the caption that top_mahalanobis needs, or None.
     """
     num_candidates = distances.shape[-1]
     posterior = retrieval_posterior(_padded(distances), temperature)  # (Q, M')
@@ -156,6 +192,7 @@ def query_scores(
         mutual_information=mi,
         posterior_entropy=_entropy_of(mean_posterior).cpu().numpy(),
         posterior=posterior[..., :num_candidates].cpu().numpy(),
+        top_mahalanobis=None if fit is None else fit.top_mahalanobis(logvar, distances),
     )
 
 

@@ -1,6 +1,7 @@
 """The batched exact re-rank and scores against plain per-query loops (hypothesis)."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -166,12 +167,53 @@ def test_agreeing_draws_are_the_scores_of_repeated_draws(
     agreeing_draws path)."""
     (mu, logvar), candidates = queries_and_shortlists(queries, m, np.random.default_rng(seed))
     repeated = (mu.expand(draws, -1, -1), logvar.expand(draws, -1, -1))  # (L, Q, D)
-    full = shortlist_scores(metric, (mu, logvar), repeated, candidates, temperature)
-    short = shortlist_scores(metric, (mu, logvar), repeated, candidates, temperature, True)
-    assert set(short.available()) == set(full.available())
+    full = shortlist_scores(metric, (mu, logvar), repeated, candidates, temperature, False, True)
+    short = shortlist_scores(metric, (mu, logvar), repeated, candidates, temperature, True, True)
+    assert set(short.available()) == set(full.available()) >= {"top_mahalanobis"}
     for name, values in full.available().items():
         np.testing.assert_allclose(short.get(name), values, rtol=1e-9, atol=1e-9, err_msg=name)
     np.testing.assert_array_equal(short.posterior, full.posterior)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 5),
+    st.integers(1, 40),
+    st.sampled_from(METRICS),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_top_mahalanobis_measures_the_first_result_under_the_captions_gaussian(
+    queries, m, metric, caption_query, seed
+) -> None:
+    """A loop: each query's nearest candidate by elementwise_distance, then the image mean's
+    sum of squared standardised differences under the caption's variances, written out."""
+    (mu, logvar), (cand_mu, cand_logvar) = queries_and_shortlists(
+        queries, m, np.random.default_rng(seed)
+    )
+    scores = shortlist_scores(metric, (mu, logvar), None, (cand_mu, cand_logvar), 1.0,
+                              caption_query=caption_query)  # fmt: skip
+    for q in range(queries):
+        distances = [
+            float(elementwise_distance(metric, mu[q, None], logvar[q, None],
+                                       cand_mu[q, j, None], cand_logvar[q, j, None],
+                                       **distance_params(metric))[0])
+            for j in range(m)
+        ]  # fmt: skip
+        first = int(np.argmin(distances))
+        image, caption = (cand_mu[q, first], (mu[q], logvar[q])) if caption_query else (
+            mu[q], (cand_mu[q, first], cand_logvar[q, first]))  # fmt: skip
+        expected = sum(
+            (float(image[d]) - float(caption[0][d])) ** 2 / math.exp(float(caption[1][d]))
+            for d in range(D)
+        )
+        assert scores.top_mahalanobis[q] == pytest.approx(expected, rel=1e-9)
+    assert (
+        shortlist_scores(metric, (mu, logvar), None, (cand_mu, cand_logvar), 1.0).get(
+            "top_mahalanobis"
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("metric", METRICS)

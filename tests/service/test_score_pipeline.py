@@ -84,7 +84,9 @@ def test_service_calibration_and_eval_give_identical_scores(
         shortlist = np.concatenate(
             [torch.topk(d, SHORTLIST, dim=1, largest=False).indices.numpy() for _, d in chunks]
         )
-        evaluated = direction_scores("w2", embeddings, gallery, shortlist, config)
+        evaluated = direction_scores(
+            "w2", embeddings, gallery, shortlist, config, caption_query=True
+        )
     finally:
         version.close()
     for q, scores in enumerate(served):
