@@ -275,7 +275,7 @@ def summarise(
         limit = float(np.quantile(scores["log_det"], FAMILIAR_QUANTILE))
     chosen = max(ranked, key=lambda n: (quality[n], -ranked.index(n)))
     score, _, t = chosen.partition("@T")
-    temperature = float(t) if t else float(temperatures[0])
+    temperature = float(t) if t else _posterior_temperature(ranked, quality, temperatures)
     values = scores[chosen] if limit is None else gated(scores[chosen], scores["log_det"], limit)
     threshold, kept = select_threshold(values, correct, target)
     if math.isinf(threshold):  # a target only met by keeping gated queries: keep the others
@@ -303,6 +303,17 @@ def summarise(
         outlier_auroc=outlier_auroc,
         outliers_rejected=_outliers_rejected(outliers, chosen, threshold, limit),
     )
+
+
+def _posterior_temperature(
+    ranked: list[str], quality: dict[str, float], temperatures: Sequence[float]
+) -> float:
+    """T for a chosen score that does not depend on it (it still sets the posterior each
+    result's `score` shows): that of the best temperature-dependent candidate."""
+    tempered = [n for n in ranked if "@T" in n]
+    if not tempered:
+        return float(temperatures[0])
+    return float(max(tempered, key=lambda n: quality[n]).partition("@T")[2])
 
 
 def _outliers_rejected(

@@ -92,6 +92,23 @@ def test_a_score_constant_up_to_round_off_is_never_chosen() -> None:
     assert only_constant.score == "mutual_information"
 
 
+def test_a_score_without_temperature_keeps_the_best_posteriors_temperature() -> None:
+    """top_mahalanobis does not depend on T, but T still sets each result's posterior score:
+    it is the T of the best temperature-dependent candidate, not the first one listed."""
+    rng = np.random.default_rng(2)
+    correct = rng.random(300) < 0.5
+    wrongness = np.where(correct, 0.0, 1.0)
+    scores = {
+        "top_mahalanobis": wrongness + rng.normal(0, 0.2, 300),
+        "posterior_entropy@T0.1": rng.normal(0, 1.0, 300),
+        "posterior_entropy@T3": wrongness + rng.normal(0, 1.0, 300),
+    }
+    chosen = summarise("w2", (0.1, 3.0), scores, correct, Target(coverage=0.8))
+    assert (chosen.score, chosen.temperature) == ("top_mahalanobis", 3.0)
+    alone = summarise("w2", (0.1, 3.0), {"log_det": wrongness}, correct, Target(coverage=0.8))
+    assert (alone.score, alone.temperature) == ("log_det", 0.1)
+
+
 def test_a_log_det_that_flags_outlier_images_gates_them_beside_the_best_score() -> None:
     """The best-ranking score is chosen; the log-det, which ranks the synthetic outliers above
     the queries, adds a gate at its FAMILIAR_QUANTILE quantile over the queries, and the
