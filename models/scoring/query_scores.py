@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from models.distance.gaussian import elementwise_distance
 from models.scoring.rerank import draw_distances
 from models.scoring.uncertainty import (
     entropy,
     feature_uncertainty,
     log_det,
-    mahalanobis,
     mutual_information,
     retrieval_posterior,
 )
@@ -143,12 +143,10 @@ class CaptionFit:
         query and its first result (the smallest of `distances` (Q, M))."""
         first = distances.argmin(dim=-1)  # (Q,)
         rows = torch.arange(first.shape[0], device=first.device)
-        top_mu, top_logvar = self.candidates[0][rows, first], self.candidates[1][rows, first]
-        if self.caption_query:
-            values = mahalanobis(top_mu.double(), self.query_mu.double(), query_logvar.double())
-        else:
-            values = mahalanobis(self.query_mu.double(), top_mu.double(), top_logvar.double())
-        return values.cpu().numpy()
+        top = (self.candidates[0][rows, first].double(), self.candidates[1][rows, first].double())
+        query = (self.query_mu.double(), query_logvar.double())
+        image, caption = (top, query) if self.caption_query else (query, top)
+        return elementwise_distance("mahalanobis", *image, *caption).cpu().numpy()
 
 
 def _entropy_of(p: torch.Tensor) -> torch.Tensor:

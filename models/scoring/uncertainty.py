@@ -22,13 +22,6 @@ def entropy(logvar: Tensor) -> Tensor:
     return 0.5 * (dim * (1.0 + math.log(2.0 * math.pi)) + logvar.sum(dim=-1))
 
 
-def mahalanobis(x: Tensor, mu: Tensor, logvar: Tensor) -> Tensor:
-    """Squared Mahalanobis distance sum_d (x - mu)^2 / sigma^2 of points x under the Gaussians
-    N(mu, diag(exp(logvar))): (..., D) each -> (...,)."""
-    x, mu, logvar = _float(x), _float(mu), _float(logvar)
-    return ((x - mu).square() * torch.exp(-logvar)).sum(dim=-1)
-
-
 def feature_uncertainty(mc_mu: Tensor) -> Tensor:
     """Sum over dims of the variance of mu across MC draws: (L, N, D) -> (N,).
 

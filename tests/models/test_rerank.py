@@ -136,8 +136,9 @@ def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metr
         torch.from_numpy(a.reshape(draws, queries, D)) for a in gaussians(queries * draws, rng)
     )  # (L, Q, D) each
     together = shortlist_scores(
-        metric, (mu, logvar), (mc_mu, mc_logvar) if draws else None, tuple(candidates), 0.7
-    )
+        metric, (mu, logvar), (mc_mu, mc_logvar) if draws else None, tuple(candidates), 0.7,
+        caption_query=True,
+    )  # fmt: skip
     for q in range(queries):
         alone = shortlist_scores(
             metric,
@@ -145,7 +146,9 @@ def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metr
             (mc_mu[:, q : q + 1], mc_logvar[:, q : q + 1]) if draws else None,
             (candidates[0][q : q + 1], candidates[1][q : q + 1]),
             0.7,
+            caption_query=True,
         )
+        assert "top_mahalanobis" in alone.available()
         for name, values in alone.available().items():
             assert together.get(name)[q] == values[0], name
         assert together.posterior[q].tolist() == alone.posterior[0].tolist()

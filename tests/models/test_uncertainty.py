@@ -13,7 +13,6 @@ from models.scoring.uncertainty import (
     entropy,
     feature_uncertainty,
     log_det,
-    mahalanobis,
     mutual_information,
     retrieval_posterior,
     sample_gaussian,
@@ -33,16 +32,6 @@ def test_log_det_is_log_of_the_covariance_determinant(logvar):
 def test_entropy_matches_torch_distributions(logvar):
     normal = Independent(Normal(torch.zeros_like(logvar), torch.exp(0.5 * logvar)), 1)
     torch.testing.assert_close(entropy(logvar), normal.entropy())
-
-
-def test_mahalanobis_is_what_torch_distributions_log_prob_leaves_of_the_gaussian(logvar):
-    """-2 ln N(x; mu, diag(sigma^2)) = Mahalanobis + ln det + D ln 2pi."""
-    rng = np.random.default_rng(1)
-    mu, x = (torch.from_numpy(rng.normal(size=logvar.shape)) for _ in range(2))
-    normal = Independent(Normal(mu, torch.exp(0.5 * logvar)), 1)
-    dim = logvar.shape[-1]
-    expected = -2.0 * normal.log_prob(x) - logvar.sum(-1) - dim * math.log(2.0 * math.pi)
-    torch.testing.assert_close(mahalanobis(x, mu, logvar), expected)
 
 
 def test_float16_inputs_are_computed_in_float32(logvar):
