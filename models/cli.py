@@ -141,6 +141,13 @@ def train(
     label_weight: Annotated[
         float, typer.Option(help="weight of the auxiliary loss on the dataset's image labels")
     ] = DEFAULT_TRAINING.label_weight,
+    attribute_weight: Annotated[
+        float,
+        typer.Option(
+            help="weight of the auxiliary loss that reads each image's object attributes "
+            "(shapes, colours, sizes) off its trunk features"
+        ),
+    ] = DEFAULT_TRAINING.attribute_weight,
     outlier_fraction: Annotated[
         float,
         typer.Option(help="synthetic outlier images per real image of a batch (0 = none)"),
@@ -217,6 +224,7 @@ def train(
             div_weight=div_weight,
             mmd_weight=mmd_weight,
             label_weight=label_weight,
+            attribute_weight=attribute_weight,
             outlier_fraction=outlier_fraction,
             outlier_ranking_weight=outlier_ranking_weight,
             counterfactual_weight=counterfactual_weight,

@@ -155,6 +155,25 @@ def is_plausible_match(caption: CaptionRecord, image: ImageRecord) -> bool:
     return all(assign(slot, set()) for slot in range(len(slots)))
 
 
+OBJECT_ATTRIBUTES: tuple[str, ...] = ("shape", "color", "size")
+
+
+def attribute_names(images: Sequence[ImageRecord]) -> tuple[str, ...]:
+    """Every object attribute value the images hold, as "shape:star", "color:red", ...,
+    sorted (empty for a dataset without object annotations)."""
+    return tuple(sorted({name for image in images for name in image_attributes(image)}))
+
+
+def image_attributes(image: ImageRecord) -> set[str]:
+    """The attribute values of the image's objects ("shape:star", "size:small", ...)."""
+    return {
+        f"{field}:{value}"
+        for obj in image.objects
+        for field in OBJECT_ATTRIBUTES
+        if (value := getattr(obj, field)) is not None
+    }
+
+
 def plausible_match_matrix(
     captions: Sequence[CaptionRecord], images: Sequence[ImageRecord]
 ) -> np.ndarray:

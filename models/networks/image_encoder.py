@@ -120,6 +120,10 @@ class ImageEncoder(nn.Module):
     def forward(
         self, images: torch.Tensor, masks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(self.features(images, masks))  # (S * N, D) each
+
+    def features(self, images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        """The trunk's features (S * N, F) that the Gaussian heads read, draw-major."""
         num_draws = masks.shape[0]
         x = images.unsqueeze(0).expand(num_draws, *images.shape).flatten(0, 1)  # (S*N, 3, H, W)
         x = x.contiguous(memory_format=torch.channels_last)
@@ -129,5 +133,4 @@ class ImageEncoder(nn.Module):
         features = self.project(x)  # (S*N, F)
         if self.objects is not None:
             features = features + self.objects(x)
-        features = features * parts[-1]
-        return self.heads(features)  # (S * N, D) each
+        return features * parts[-1]

@@ -304,6 +304,10 @@ class TrainConfig:
     # Weight of the auxiliary loss that reads the dataset's image labels (e.g. "purple star")
     # off the image mean with a linear probe (models.objectives.labels); 0 = off.
     label_weight: float = 0.0
+    # Weight of the auxiliary loss that reads which object attribute values (each shape,
+    # colour and size) an image holds off its trunk features (models.objectives.labels;
+    # datasets with object annotations); 0 = off.
+    attribute_weight: float = 0.0
     # Synthetic outliers per real image of a batch (models.datasets.outliers): negatives of
     # every caption, and with variance "spread" fitted to the spread of all captions; 0 = off.
     outlier_fraction: float = 0.0
@@ -342,7 +346,7 @@ class TrainConfig:
             )
         weights = (self.vib_beta, self.uniformity_weight, self.pseudo_positive_weight,
                    self.div_weight, self.mmd_weight, self.label_weight,
-                   self.counterfactual_weight)  # fmt: skip
+                   self.attribute_weight, self.counterfactual_weight)  # fmt: skip
         if min(weights) < 0:
             raise ConfigError("regulariser weights must be >= 0")
         if self.counterfactuals not in COUNTERFACTUALS:

@@ -61,6 +61,18 @@ class ProbabilisticModel(nn.Module):
         """images (N, 3, H, W) -> (mu, logvar) (N, D); one dropout draw if `stochastic`."""
         return self.image_encoder(images, self.image_masks(images, generator, stochastic))
 
+    def encode_images_with_features(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> tuple[Embedding, torch.Tensor]:
+        """encode_images, plus the trunk features (N, F) the heads read (for training aids
+        that supervise the trunk, models.objectives.labels)."""
+        encoder = self.image_encoder
+        features = encoder.features(images, self.image_masks(images, generator, stochastic))
+        return encoder.heads(features), features
+
     def encode_texts(
         self,
         ids: torch.Tensor,

@@ -36,7 +36,7 @@ from models.networks.probabilistic_model import (
 from models.networks.tokenizer import Tokenizer
 from models.objectives import BatchEmbeddings, batch_loss
 from models.objectives.hinge import similarity_matrix
-from models.objectives.labels import LabelProbe, label_loss
+from models.objectives.labels import ImageProbes
 from models.onnx.export import export_encoders
 from models.pvse.training import pvse_batch_loss, pvse_similarity
 from models.scoring.uncertainty import log_det
@@ -193,10 +193,10 @@ def train_epoch(
     epoch: int,
     device: torch.device,
     progress: bool,
-    probe: LabelProbe | None = None,
+    probes: ImageProbes | None = None,
 ) -> float:
-    """One pass over the training images; returns the mean batch loss (with `probe`, plus
-    `config.label_weight` times its label loss on the images' means)."""
+    """One pass over the training images; returns the mean batch loss (with `probes`, plus
+    their weighted losses)."""
     model.train()
     generator = torch.Generator(device=device).manual_seed(config.seed * 100_003 + epoch)
     negatives = "sum" if epoch < config.warmup_epochs else config.negatives
@@ -220,7 +220,7 @@ def train_epoch(
                 batch.rows[2].to(device), plausible, config, negatives, generator,
             )  # fmt: skip
         else:
-            loss = _gaussian_batch_loss(model, split, config, batch, negatives, generator, probe)
+            loss = _gaussian_batch_loss(model, split, config, batch, negatives, generator, probes)
         total, steps = total + _step(model, optimizer, loss, config), steps + 1
     return total / max(steps, 1)
 
@@ -232,7 +232,7 @@ def _gaussian_batch_loss(
     batch: PreparedBatch,
     negatives: str,
     generator: torch.Generator,
-    probe: LabelProbe | None,
+    probes: ImageProbes | None,
 ) -> torch.Tensor:
     """The objective of one batch of a non-pvse model. Synthetic outliers, when asked for,
     join the images after the real ones and match no caption; swapped images are encoded with
@@ -240,7 +240,7 @@ def _gaussian_batch_loss(
     device = next(model.parameters()).device
     image_rows, caption_rows, owner = batch.rows
     owner = owner.to(device)
-    (image_mu, image_logvar), swapped_images = _encode_with_swaps(
+    (image_mu, image_logvar), features, swapped_images = _encode_with_swaps(
         model, batch.images.to(device), batch.image_swaps, generator
     )
     captions = (batch.ids.to(device), batch.lengths.to(device))
@@ -255,9 +255,10 @@ def _gaussian_batch_loss(
     )  # fmt: skip
     match = (model.match_scale, model.match_shift)
     loss = batch_loss(embedded, model.config, config, match, negatives, generator)
-    if probe is not None:
-        labels = split.labels[image_rows].to(device)
-        loss = loss + config.label_weight * label_loss(probe, image_mu[: len(image_rows)], labels)
+    if probes is not None:
+        real = len(image_rows)
+        labels, attributes = (t[image_rows].to(device) for t in (split.labels, split.attributes))
+        loss = loss + probes.loss(image_mu[:real], features[:real], labels, attributes)
     return loss
 
 
@@ -266,17 +267,19 @@ def _encode_with_swaps(
     images: torch.Tensor,
     image_swaps: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     generator: torch.Generator,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...] | None]:
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """Encode the batch's images and its swapped images in one pass (one set of batch-norm
-    statistics): ((mu, logvar) of `images`, (mu, logvar, caption position) of each swapped
-    image per caption it makes miss, or None)."""
+    statistics): ((mu, logvar) of `images`, their trunk features, (mu, logvar, caption
+    position) of each swapped image per caption it makes miss, or None)."""
     if image_swaps is None:
-        return model.encode_images(images, generator, stochastic=True), None
+        embedded, features = model.encode_images_with_features(images, generator, True)
+        return embedded, features, None
     pixels, missed, position = (t.to(images.device) for t in image_swaps)
-    mu, logvar = model.encode_images(torch.cat([images, pixels]), generator, stochastic=True)
+    both = torch.cat([images, pixels])
+    (mu, logvar), features = model.encode_images_with_features(both, generator, True)
     real = len(images)
     swapped = (mu[real:][position], logvar[real:][position], missed)
-    return (mu[:real], logvar[:real]), swapped
+    return (mu[:real], logvar[:real]), features[:real], swapped
 
 
 def _swapped_captions(
@@ -355,12 +358,12 @@ def _save_epoch_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     history: list[dict[str, Any]],
     best: dict[str, Any],
-    probe: LabelProbe | None = None,
+    probes: ImageProbes | None = None,
 ) -> None:
     """Write last.pt (everything --resume needs) and history.json after an epoch."""
     torch.save(
         {
-            "probe": probe.state_dict() if probe is not None else None,
+            "probes": probes.state_dict() if probes is not None else None,
             "model_config": model_config.to_dict(),
             "train_config": dataclasses.asdict(train_config),
             "model": model.state_dict(),
@@ -406,27 +409,35 @@ def parameter_groups(model: ProbabilisticModel, config: TrainConfig) -> list[dic
     return [{"params": encoders, "lr": config.lr}, {"params": match, "lr": config.match_lr}]
 
 
-def _label_probe(
+def _image_probes(
     model_config: ModelConfig, train_config: TrainConfig, split: SplitTensors
-) -> LabelProbe | None:
-    """The label probe of `train_config.label_weight` (None when it is 0); refuses the
-    options a pvse model cannot train with."""
+) -> ImageProbes | None:
+    """The probes of `label_weight` and `attribute_weight` (None when both are 0); refuses
+    the options a pvse model cannot train with, and a probe the dataset has no targets for."""
     if model_config.model_type == "pvse":
         for name in (
             "label_weight",
+            "attribute_weight",
             "outlier_fraction",
             "outlier_ranking_weight",
             "counterfactual_weight",
         ):
             if getattr(train_config, name):
                 raise ConfigError(f"{name} is not supported for pvse models; leave it at 0")
-    if train_config.label_weight == 0:
+    weights = (train_config.label_weight, train_config.attribute_weight)
+    if not any(weights):
         return None
-    if split.labels is None or split.labels.shape[1] == 0:
-        raise ConfigError(
-            "label_weight needs a dataset with image labels (dataset.json 'label_names')"
-        )
-    return LabelProbe(model_config.embed_dim, split.labels.shape[1])
+    targets = (split.labels, split.attributes)
+    needs = ("image labels (dataset.json 'label_names')", "object annotations (image 'objects')")
+    for name, weight, target, need in zip(
+        ("label_weight", "attribute_weight"), weights, targets, needs, strict=True
+    ):
+        if weight and (target is None or target.shape[1] == 0):
+            raise ConfigError(f"{name} needs a dataset with {need}")
+    num_labels, num_attributes = (0 if t is None else t.shape[1] for t in targets)
+    return ImageProbes(
+        model_config.embed_dim, num_labels, model_config.image_features, num_attributes, weights
+    )
 
 
 def _patience_spent(history: list[dict[str, Any]], best: dict[str, Any], patience: int) -> bool:
@@ -467,11 +478,11 @@ def train(
         tokenizer.save(out_dir / VOCAB_FILE)
         device = pick_device()
         model = build_model(model_config).to(device)
-        probe = _label_probe(model_config, train_config, train_split)
+        probes = _image_probes(model_config, train_config, train_split)
         groups = parameter_groups(model, train_config)
-        if probe is not None:
-            probe.to(device)
-            groups.append({"params": list(probe.parameters()), "lr": train_config.lr})
+        if probes is not None:
+            probes.to(device)
+            groups.append({"params": list(probes.parameters()), "lr": train_config.lr})
         optimizer = torch.optim.Adam(groups)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode="max", factor=train_config.lr_decay, patience=train_config.lr_patience
@@ -482,8 +493,8 @@ def train(
         )
         if state:
             model.load_state_dict(state["model"])
-            if probe is not None:
-                probe.load_state_dict(state["probe"])
+            if probes is not None:
+                probes.load_state_dict(state["probes"])
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
         info = _training_info(data_dir, train_config, train_split, val_split, device)
@@ -494,7 +505,7 @@ def train(
             started = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
             loss = train_epoch(
-                model, optimizer, train_split, train_config, epoch, device, progress, probe
+                model, optimizer, train_split, train_config, epoch, device, progress, probes
             )
             recalls, ld_image, ld_caption, at_bound = validate(model, val_split, device)
             report = EpochReport(
@@ -521,7 +532,7 @@ def train(
                 model.config.save(out_dir)
             _save_epoch_state(
                 out_dir, model, model_config, train_config, optimizer, scheduler, history, best,
-                probe,
+                probes,
             )  # fmt: skip
     parity = export_encoders(load_model(out_dir), out_dir) if export else {}
     return TrainResult(out_dir, int(best["epoch"]), dict(best["recalls"]), history, parity)

@@ -17,6 +17,8 @@ from models.datasets.records import (
     ImageRecord,
     PairedDataset,
     PlausibleMatcher,
+    attribute_names,
+    image_attributes,
     load_dataset,
     plausible_match_matrix,
 )
@@ -96,7 +98,9 @@ class SplitTensors:
     plausible: bool (N_cap, N_img) the dataset's plausible matches (validation split only);
     caption_records, image_records: the records in row order, to judge plausible matches
     between the items of a batch; labels: float32 (N_img, L) multi-hot over the dataset's
-    label names (L = 0 for a dataset without labels); counterfactuals: swapped captions
+    label names (L = 0 for a dataset without labels); attributes: float32 (N_img, A)
+    multi-hot over the dataset's object attribute values (models.datasets.records.
+    attribute_names; A = 0 without object annotations); counterfactuals: swapped captions
     (train split, when asked for).
     """
 
@@ -108,6 +112,7 @@ class SplitTensors:
     caption_records: tuple[CaptionRecord, ...] = ()
     image_records: tuple[ImageRecord, ...] = ()
     labels: torch.Tensor | None = None
+    attributes: torch.Tensor | None = None
     counterfactuals: Counterfactuals | None = None
     image_counterfactuals: ImageCounterfactuals | None = None
 
@@ -152,16 +157,17 @@ def load_splits(
             )
     if tokenizer is None:
         tokenizer = Tokenizer.build(c.text for c in train.captions)
+    attributes = attribute_names(dataset.images)
     return (
         _with_counterfactuals(
-            _to_tensors(train, config, tokenizer),
+            _to_tensors(train, config, tokenizer, attributes),
             train,
             tokenizer,
             config,
             counterfactual_seed,
             counterfactual_kinds,
         ),
-        _to_tensors(val, config, tokenizer, with_plausible=True),
+        _to_tensors(val, config, tokenizer, attributes, with_plausible=True),
         tokenizer,
     )
 
@@ -170,6 +176,7 @@ def _to_tensors(
     split: PairedDataset,
     config: ModelConfig,
     tokenizer: Tokenizer,
+    attributes: tuple[str, ...] = (),
     with_plausible: bool = False,
 ) -> SplitTensors:
     """Decode the images that have captions and tokenise their captions."""
@@ -200,7 +207,17 @@ def _to_tensors(
         tuple(split.captions),
         tuple(images),
         torch.from_numpy(labels),
+        torch.from_numpy(_attribute_matrix(images, attributes)),
     )
+
+
+def _attribute_matrix(images: list[ImageRecord], names: tuple[str, ...]) -> np.ndarray:
+    """float32 (len(images), len(names)): 1 where the image holds that attribute value."""
+    column = {name: col for col, name in enumerate(names)}
+    matrix = np.zeros((len(images), len(names)), dtype=np.float32)
+    for row, record in enumerate(images):
+        matrix[row, [column[name] for name in image_attributes(record)]] = 1.0
+    return matrix
 
 
 def _with_counterfactuals(

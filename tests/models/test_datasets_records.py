@@ -17,6 +17,8 @@ from models.datasets.records import (
     Descriptor,
     ImageRecord,
     ObjectRecord,
+    attribute_names,
+    image_attributes,
     is_plausible_match,
     load_dataset,
     plausible_match_matrix,
@@ -76,6 +78,21 @@ def test_plausible_match_hand_cases(named, image, expected) -> None:
     caption = caption_naming(*named)
     assert is_plausible_match(caption, image) is expected
     assert plausible_match_matrix([caption], [image])[0, 0] == expected
+
+
+def test_attributes_name_every_value_the_objects_hold() -> None:
+    """Each (field, value) of each object once; None values (a COCO-style object without a
+    size) and images without objects add nothing; the vocabulary is sorted and shared."""
+    unsized = ImageRecord("u", Path("u.png"), "val", (), (ObjectRecord("star", "purple"),))
+    bare = ImageRecord("b", Path("b.png"), "val", ())
+    assert image_attributes(TWO_RED_CIRCLES_AND_BLUE_BOX) == {
+        "shape:circle", "shape:square", "color:red", "color:blue", "size:small", "size:large"
+    }  # fmt: skip
+    assert image_attributes(unsized) == {"shape:star", "color:purple"}
+    assert image_attributes(bare) == set()
+    names = attribute_names([ONE_RED_CIRCLE, unsized, bare])
+    assert names == ("color:purple", "color:red", "shape:circle", "shape:star", "size:small")
+    assert attribute_names([bare]) == ()
 
 
 def test_without_descriptors_only_the_own_image_matches() -> None:

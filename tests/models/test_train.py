@@ -142,6 +142,8 @@ def test_cli_trains_and_prints_one_line_per_epoch(small_shapes, tmp_path) -> Non
         (("--model-type", "pvse", "--counterfactual-weight", "1"), "not supported for pvse"),
         (("--counterfactual-weight", "-1"), "regulariser weights must be >= 0"),
         (("--counterfactuals", "words"), "unknown counterfactuals 'words'"),
+        (("--model-type", "pvse", "--attribute-weight", "1"), "not supported for pvse"),
+        (("--attribute-weight", "-1"), "regulariser weights must be >= 0"),
     ],
 )
 def test_cli_bad_options_are_one_line_errors(small_shapes, tmp_path, extra, message) -> None:
@@ -165,6 +167,18 @@ def test_cli_refuses_swapped_images_of_data_it_cannot_render(small_shapes, tmp_p
         other, tmp_path / "c", "--counterfactual-weight", "1", "--counterfactuals", "captions"
     )
     assert captions_only.exit_code == 0, captions_only.output
+
+
+def test_cli_refuses_attributes_of_data_without_objects(small_shapes, tmp_path) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(small_shapes, bare)
+    lines = (bare / "images.jsonl").read_text().splitlines()
+    records = [{k: v for k, v in json.loads(line).items() if k != "objects"} for line in lines]
+    (bare / "images.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = invoke_train(bare, tmp_path / "m", "--attribute-weight", "1")
+    assert result.exit_code == 2, result.output
+    assert "attribute_weight needs a dataset with object annotations" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_cli_reports_missing_captions_and_corrupt_images(small_shapes, tmp_path) -> None:
@@ -214,11 +228,11 @@ def test_spread_variance_training_runs_and_reports_variance_health(small_shapes,
     assert result.history[0]["log_det_caption"] != result.history[0]["log_det_image"]
 
 
-def test_label_probe_trains_resumes_and_stays_out_of_the_model(small_shapes, tmp_path) -> None:
-    """The probe's weights travel in last.pt (a resumed run repeats an uninterrupted one), the
-    label loss changes the encoders, and the model dir holds no trace of the probe."""
+def test_image_probes_train_resume_and_stay_out_of_the_model(small_shapes, tmp_path) -> None:
+    """The probes' weights travel in last.pt (a resumed run repeats an uninterrupted one), the
+    label and attribute losses change the encoders, and the model dir holds no trace of them."""
     config = ModelConfig(embed_dim=8, image_pooling="objects", cnn_downsample="maxpool")
-    labelled = TrainConfig(**{**QUICK.__dict__, "label_weight": 1.0})
+    labelled = TrainConfig(**{**QUICK.__dict__, "label_weight": 1.0, "attribute_weight": 1.0})
     quiet = {"progress": False, "export": False, "log": lambda line: None}
     straight, resumed, plain = tmp_path / "straight", tmp_path / "resumed", tmp_path / "plain"
     train(small_shapes, straight, config, labelled, **quiet)
@@ -227,8 +241,10 @@ def test_label_probe_trains_resumes_and_stays_out_of_the_model(small_shapes, tmp
     train(small_shapes, plain, config, QUICK, **quiet)
     for name, tensor in state_of(straight).items():
         torch.testing.assert_close(state_of(resumed)[name], tensor, rtol=0, atol=0)
-    probe = torch.load(straight / "last.pt", weights_only=True)["probe"]
-    assert probe["linear.weight"].shape == (30, 8)  # the shapes data's 30 colour-shape labels
+    probes = torch.load(straight / "last.pt", weights_only=True)["probes"]
+    assert probes["labels.linear.weight"].shape == (30, 8)  # 30 colour-shape labels, off mu
+    # 5 shapes + 6 colours + 2 sizes, off the trunk's features
+    assert probes["attributes.linear.weight"].shape == (13, config.image_features)
     assert any(not torch.equal(state_of(plain)[n], t) for n, t in state_of(straight).items())
     checkpoint = torch.load(straight / "checkpoint.pt", weights_only=True)["state_dict"]
     assert set(checkpoint) == set(build_model(ModelConfig.load(straight)).state_dict())
