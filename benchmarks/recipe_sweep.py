@@ -45,11 +45,13 @@ WIDE = {"cnn_channels": (32, 64, 128, 256), "image_features": 256}
 WIDER = {"cnn_channels": (64, 128, 256, 256), "image_features": 256}
 PLAUSIBLE = {"positives": "plausible"}
 # Every recipe starts from the demo's recipe as it was first measured: the strided trunk with
-# MC-dropout 0.1, no outliers, no counterfactuals (the demo has since taken the max-pool trunk,
-# service.demo.DEMO_TRUNK, and the rest); a recipe's own fields go on top.
+# MC-dropout 0.1, no outliers, no counterfactuals, no attribute probe (the demo has since taken
+# the max-pool trunk, service.demo.DEMO_TRUNK, and the rest); a recipe's own fields go on top.
+# The demo's outlier ranking stays on; a recipe without outliers must turn it off.
 STRIDED = {"image_pooling": "grid", "cnn_downsample": "stride", "stem_stride": 2,
            "cnn_channels": (16, 32, 64, 128), "dropout": 0.1}  # fmt: skip
-FIRST_TRAINING = {"outlier_fraction": 0.0, "counterfactual_weight": 0.0}
+FIRST_TRAINING = {"outlier_fraction": 0.0, "counterfactual_weight": 0.0,
+                  "attribute_weight": 0.0}  # fmt: skip
 OBJECTS = {"image_pooling": "objects"}
 MAXPOOL_OBJECTS = {**OBJECTS, "cnn_downsample": "maxpool", "stem_stride": 1}
 NARROW_OBJECTS = {**MAXPOOL_OBJECTS, "cnn_channels": (8, 16, 32, 64)}
@@ -140,15 +142,26 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("narrow-both-swaps-outliers", model=NARROW_OBJECTS,
            training={"counterfactual_weight": 1.0, "counterfactuals": "both",
                      "outlier_fraction": 0.25}),
-    Recipe("vse", model={"model_type": "vse"}, training={"variance_objective": ""}),
+    Recipe("vse", model={"model_type": "vse"},
+           training={"variance_objective": "", "outlier_ranking_weight": 0.0}),
     Recipe("vse-mp1-narrow-objects", model={"model_type": "vse", **NARROW_OBJECTS},
-           training={"variance_objective": ""}),
+           training={"variance_objective": "", "outlier_ranking_weight": 0.0}),
     Recipe("vse-narrow-nodrop", model={"model_type": "vse", **NARROW_OBJECTS, "dropout": 0.0},
-           training={"variance_objective": ""}),
+           training={"variance_objective": "", "outlier_ranking_weight": 0.0}),
     Recipe("vse-narrow-image-swaps-10-nodrop",
            model={"model_type": "vse", **NARROW_OBJECTS, "dropout": 0.0},
            training={"variance_objective": "", "counterfactual_weight": 10.0,
-                     "counterfactuals": "images"}),
+                     "counterfactuals": "images", "outlier_ranking_weight": 0.0}),
+    Recipe("vse-narrow-image-swaps-10-nodrop-attributes-10",
+           model={"model_type": "vse", **NARROW_OBJECTS, "dropout": 0.0},
+           training={"variance_objective": "", "counterfactual_weight": 10.0,
+                     "counterfactuals": "images", "attribute_weight": 10.0,
+                     "outlier_ranking_weight": 0.0}),
+    Recipe("vse-narrow-image-swaps-10-nodrop-attributes-100",
+           model={"model_type": "vse", **NARROW_OBJECTS, "dropout": 0.0},
+           training={"variance_objective": "", "counterfactual_weight": 10.0,
+                     "counterfactuals": "images", "attribute_weight": 100.0,
+                     "outlier_ranking_weight": 0.0}),
 )
 # fmt: on
 
