@@ -1,5 +1,5 @@
-"""Counterfactuals of the shapes data: a caption with one shape or colour word swapped, so that
-it no longer describes its image ("a purple star" -> "a purple triangle"), and an image
+"""Counterfactuals of the shapes data: a caption with one shape, colour or size word swapped, so
+that it no longer describes its image ("a purple star" -> "a purple triangle"), and an image
 re-rendered with one object's shape swapped, so that captions naming that object miss it.
 
 A caption and its counterfactual differ in one attribute only, so ranking an image's caption
@@ -24,10 +24,10 @@ from functools import cache
 import numpy as np
 
 from models.datasets.records import CaptionRecord, ImageRecord, is_plausible_match
-from models.datasets.shapes_captions import COLOR_WORDS, SHAPE_WORDS
+from models.datasets.shapes_captions import COLOR_WORDS, SHAPE_WORDS, SIZE_WORDS
 from models.datasets.shapes_render import SHAPES, Scene
 
-ATTRIBUTES: tuple[str, ...] = ("shape", "color")
+ATTRIBUTES: tuple[str, ...] = ("shape", "color", "size")
 
 
 @cache
@@ -40,7 +40,12 @@ def _vocabulary(attribute: str) -> dict[str, tuple[str, bool]]:
             for pair in nouns
             for plural, word in enumerate(pair)
         }
-    return {word: (color, False) for color, words in COLOR_WORDS.items() for word in words}
+    return {word: (value, False) for value, words in _values(attribute).items() for word in words}
+
+
+def _values(attribute: str) -> dict:
+    """value -> its words, for every value of the attribute."""
+    return {"shape": SHAPE_WORDS, "color": COLOR_WORDS, "size": SIZE_WORDS}[attribute]
 
 
 @cache
@@ -54,7 +59,7 @@ def _pattern(attribute: str) -> re.Pattern[str]:
 def _words_for(attribute: str, value: str, plural: bool) -> tuple[str, ...]:
     if attribute == "shape":
         return tuple(pair[int(plural)] for pair in SHAPE_WORDS[value])
-    return COLOR_WORDS[value]
+    return _values(attribute)[value]
 
 
 def _implausible(
@@ -79,7 +84,7 @@ def _article(word: str) -> str:
 def counterfactual(
     caption: CaptionRecord, image: ImageRecord, attribute: str, rng: np.random.Generator
 ) -> str | None:
-    """The caption with one `attribute` ("shape" or "color") word swapped for a value that
+    """The caption with one `attribute` ("shape", "color" or "size") word swapped for a value that
     makes it miss its image, or None when no such swap exists (no such word, no objects)."""
     if attribute not in ATTRIBUTES:
         raise ValueError(f"unknown attribute {attribute!r}; choose one of {ATTRIBUTES}")
@@ -89,9 +94,10 @@ def counterfactual(
     for match in rng.permutation(len(found)) if found else ():
         hit = found[int(match)]
         old, plural = _vocabulary(attribute)[hit["word"]]
-        values = SHAPE_WORDS if attribute == "shape" else COLOR_WORDS
         candidates = [
-            v for v in values if v != old and _implausible(caption, image, attribute, old, v)
+            v
+            for v in _values(attribute)
+            if v != old and _implausible(caption, image, attribute, old, v)
         ]
         if not candidates:
             continue

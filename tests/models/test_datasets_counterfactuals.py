@@ -1,6 +1,6 @@
-"""Counterfactual captions: one shape or colour word swapped, the rest of the caption kept, and
-the result judged not to describe its image by the vectorised plausibility matrix (an
-implementation apart from the one the generator uses)."""
+"""Counterfactual captions: one shape, colour or size word swapped, the rest of the caption
+kept, and the result judged not to describe its image by the vectorised plausibility matrix
+(an implementation apart from the one the generator uses)."""
 
 import itertools
 from dataclasses import replace
@@ -24,11 +24,14 @@ from models.datasets.records import (
     plausible_match_matrix,
 )
 from models.datasets.shapes import generate_shapes, image_index
-from models.datasets.shapes_captions import COLOR_WORDS, SHAPE_WORDS
+from models.datasets.shapes_captions import COLOR_WORDS, SHAPE_WORDS, SIZE_WORDS
 from models.datasets.shapes_render import object_bbox, render_scene, sample_scene
 
 SHAPE_OF = {w: s for s, nouns in SHAPE_WORDS.items() for pair in nouns for w in pair}
+D_SMALL_STAR = Descriptor("star", "purple", "small")
 COLOR_OF = {w: c for c, words in COLOR_WORDS.items() for w in words}
+SIZE_OF = {w: z for z, words in SIZE_WORDS.items() for w in words}
+VOCABULARY = {"shape": SHAPE_OF, "color": COLOR_OF, "size": SIZE_OF}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def test_a_swap_changes_one_attribute_and_misses_its_image(captions_and_swaps) -
             if text is None:
                 continue
             made[attribute] += 1
-            vocabulary = SHAPE_OF if attribute == "shape" else COLOR_OF
+            vocabulary = VOCABULARY[attribute]
             old, new = map(lambda w: meaning(w, vocabulary), swapped_words(caption.text, text))
             assert None not in (old, new) and old != new, (caption.text, text)
             readings = [
@@ -84,7 +87,7 @@ def test_a_swap_changes_one_attribute_and_misses_its_image(captions_and_swaps) -
             ]
             assert readings, (caption.text, text)
             assert not plausible_match_matrix(readings, [image]).any(), (caption.text, text)
-    assert made["shape"] > 100 and made["color"] > 100, made
+    assert made["shape"] > 100 and made["color"] > 100 and made["size"] > 20, made
 
 
 def test_articles_agree_with_the_swapped_word(captions_and_swaps) -> None:
@@ -106,8 +109,13 @@ def test_nothing_to_swap_gives_none_and_texts_are_seeded(captions_and_swaps) -> 
     star = CaptionRecord("e", "i", "a purple star", "train", (Descriptor("star", "purple"),))
     swapped = counterfactual(star, image, "shape", np.random.default_rng(1))
     assert swapped is not None and swapped.startswith("a purple ") and "star" not in swapped
+    small = CaptionRecord("f", "i", "a tiny purple star", "train", (D_SMALL_STAR,))
+    assert counterfactual(small, image, "size", np.random.default_rng(2)) in (
+        "a large purple star", "a big purple star"
+    )  # fmt: skip
+    assert counterfactual(star, image, "size", np.random.default_rng(0)) is None  # no size named
     with pytest.raises(ValueError, match="unknown attribute"):
-        counterfactual(star, image, "size", np.random.default_rng(0))
+        counterfactual(star, image, "weight", np.random.default_rng(0))
     captions = [c for c, _, _ in captions_and_swaps]
     images = [im for _, im, _ in captions_and_swaps]
     first = counterfactual_texts(captions, images, list(range(len(images))), seed=3)
