@@ -166,10 +166,14 @@ def train(
     counterfactuals: Annotated[
         str,
         typer.Option(
-            help="what the counterfactual weight applies to: captions (a shape or colour word "
-            "swapped), images (one object's shape swapped; shapes data only) or both"
+            help="what the counterfactual weight applies to: captions (a shape, colour or size "
+            "word swapped), images (one object's shape swapped; shapes data only) or both"
         ),
     ] = DEFAULT_TRAINING.counterfactuals,
+    caption_swaps: Annotated[
+        str,
+        typer.Option(help="which words swapped captions change: some of shape,color,size"),
+    ] = DEFAULT_TRAINING.caption_swaps,
     div_weight: Annotated[
         float, typer.Option(help="pvse: weight of the diversity loss")
     ] = DEFAULT_TRAINING.div_weight,
@@ -229,6 +233,7 @@ def train(
             outlier_ranking_weight=outlier_ranking_weight,
             counterfactual_weight=counterfactual_weight,
             counterfactuals=counterfactuals,
+            caption_swaps=caption_swaps,
             seed=seed,
         )
         result = run_training(

@@ -114,14 +114,15 @@ def counterfactual_texts(
     images: Sequence[ImageRecord],
     caption_image: Sequence[int],
     seed: int,
+    attributes: Sequence[str] = ATTRIBUTES,
 ) -> list[list[str | None]]:
-    """For each caption, one counterfactual per attribute of ATTRIBUTES (None where none
+    """For each caption, one counterfactual per attribute of `attributes` (None where none
     exists); caption k of the list draws from its own generator (seed, k)."""
     out = []
     for k, caption in enumerate(captions):
         rng = np.random.default_rng([seed, k])
         image = images[caption_image[k]]
-        out.append([counterfactual(caption, image, a, rng) for a in ATTRIBUTES])
+        out.append([counterfactual(caption, image, a, rng) for a in attributes])
     return out
 
 

@@ -18,6 +18,7 @@ COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-o
 IMAGE_POOLINGS: tuple[str, ...] = ("grid", "objects")
 POSITIVES: tuple[str, ...] = ("pairs", "plausible", "plausible_images")
 COUNTERFACTUALS: tuple[str, ...] = ("captions", "images", "both")
+CAPTION_SWAPS: tuple[str, ...] = ("shape", "color", "size")  # words a swapped caption changes
 
 # Similarities the training loss supports per model type (the loss uses -distance for the
 # Gaussian metrics of models.distance.gaussian and the dot product of unit means for "cosine").
@@ -321,6 +322,9 @@ class TrainConfig:
     # Which counterfactuals that weight applies to: "captions" (a word swapped), "images" (the
     # image re-rendered with one object's shape swapped; shapes data only) or "both".
     counterfactuals: str = "both"
+    # Which words the swapped captions change, comma-separated from CAPTION_SWAPS: each
+    # caption gets one swap per attribute named here that it has a word of.
+    caption_swaps: str = "shape,color,size"
     div_weight: float = 0.1  # pvse: weight of the diversity loss (lambda_1 of the paper)
     mmd_weight: float = 0.01  # pvse: weight of the MMD loss (lambda_2 of the paper)
     seed: int = 0
@@ -353,6 +357,12 @@ class TrainConfig:
             raise ConfigError(
                 f"unknown counterfactuals {self.counterfactuals!r}; "
                 f"choose one of {', '.join(COUNTERFACTUALS)}"
+            )
+        swaps = self.caption_swaps.split(",")
+        if not swaps or any(a not in CAPTION_SWAPS for a in swaps):
+            raise ConfigError(
+                f"unknown caption swaps {self.caption_swaps!r}; name some of "
+                f"{', '.join(CAPTION_SWAPS)}, comma-separated"
             )
         if not 0.0 <= self.outlier_fraction <= 1.0:
             raise ConfigError(f"outlier fraction must be in [0, 1], got {self.outlier_fraction}")

@@ -471,7 +471,12 @@ def train(
     with deterministic(train_config.seed):
         swaps = train_config.seed if train_config.counterfactual_weight > 0 else None
         train_split, val_split, tokenizer = load_splits(
-            data_dir, model_config, tokenizer, swaps, train_config.counterfactuals
+            data_dir,
+            model_config,
+            tokenizer,
+            swaps,
+            train_config.counterfactuals,
+            tuple(train_config.caption_swaps.split(",")),
         )
         model_config = model_config.replace(vocab_size=len(tokenizer))
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.datasets.counterfactuals import counterfactual_texts, swapped_shape_scene
+from models.datasets.counterfactuals import ATTRIBUTES, counterfactual_texts, swapped_shape_scene
 from models.datasets.records import (
     CaptionRecord,
     ImageRecord,
@@ -142,6 +142,7 @@ def load_splits(
     tokenizer: Tokenizer | None = None,
     counterfactual_seed: int | None = None,
     counterfactual_kinds: str = "both",
+    caption_swaps: tuple[str, ...] = ATTRIBUTES,
 ) -> tuple[SplitTensors, SplitTensors, Tokenizer]:
     """Read the train and val splits of a dataset dir; build the vocabulary from the train
     captions unless `tokenizer` is given (a resumed run reuses its vocab.json). With a
@@ -166,6 +167,7 @@ def load_splits(
             config,
             counterfactual_seed,
             counterfactual_kinds,
+            caption_swaps,
         ),
         _to_tensors(val, config, tokenizer, attributes, with_plausible=True),
         tokenizer,
@@ -227,6 +229,7 @@ def _with_counterfactuals(
     config: ModelConfig,
     seed: int | None,
     kinds: str,
+    caption_swaps: tuple[str, ...] = ATTRIBUTES,
 ) -> SplitTensors:
     if seed is None:
         return tensors
@@ -234,18 +237,22 @@ def _with_counterfactuals(
         raise ValueError(f"unknown counterfactuals {kinds!r}; choose one of {COUNTERFACTUALS}")
     texts = images = None
     if kinds in ("captions", "both"):
-        texts = _counterfactual_captions(tensors, tokenizer, config, seed)
+        texts = _counterfactual_captions(tensors, tokenizer, config, seed, caption_swaps)
     if kinds in ("images", "both"):
         images = _counterfactual_images(tensors, split, config, seed)
     return replace(tensors, counterfactuals=texts, image_counterfactuals=images)
 
 
 def _counterfactual_captions(
-    tensors: SplitTensors, tokenizer: Tokenizer, config: ModelConfig, seed: int
+    tensors: SplitTensors,
+    tokenizer: Tokenizer,
+    config: ModelConfig,
+    seed: int,
+    attributes: tuple[str, ...],
 ) -> Counterfactuals:
     caption_image = tensors.caption_image.tolist()
     records = tensors.caption_records, tensors.image_records
-    texts = counterfactual_texts(*records, caption_image, seed)
+    texts = counterfactual_texts(*records, caption_image, seed, attributes)
     made = [(row, text) for row, swaps in enumerate(texts) for text in swaps if text is not None]
     ids, lengths = tokenizer.encode_batch([t for _, t in made], config.max_caption_tokens)
     caption = np.array([row for row, _ in made], dtype=np.int64)

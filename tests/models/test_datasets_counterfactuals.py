@@ -90,6 +90,19 @@ def test_a_swap_changes_one_attribute_and_misses_its_image(captions_and_swaps) -
     assert made["shape"] > 100 and made["color"] > 100 and made["size"] > 20, made
 
 
+def test_asked_attributes_alone_are_swapped(captions_and_swaps) -> None:
+    captions = [c for c, _, _ in captions_and_swaps]
+    images = [im for _, im, _ in captions_and_swaps]
+    swaps = counterfactual_texts(captions, images, list(range(len(images))), 0, ("size",))
+    sized = 0
+    for caption, (text,) in zip(captions, swaps, strict=True):
+        if text is not None:
+            sized += 1
+            old, new = swapped_words(caption.text, text)
+            assert {SIZE_OF.get(old), SIZE_OF.get(new)} == {"small", "large"}, (caption, text)
+    assert sized > 20
+
+
 def test_articles_agree_with_the_swapped_word(captions_and_swaps) -> None:
     for _, _, swaps in captions_and_swaps:
         for text in filter(None, swaps):

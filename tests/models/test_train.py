@@ -142,6 +142,7 @@ def test_cli_trains_and_prints_one_line_per_epoch(small_shapes, tmp_path) -> Non
         (("--model-type", "pvse", "--counterfactual-weight", "1"), "not supported for pvse"),
         (("--counterfactual-weight", "-1"), "regulariser weights must be >= 0"),
         (("--counterfactuals", "words"), "unknown counterfactuals 'words'"),
+        (("--caption-swaps", "size,weight"), "unknown caption swaps 'size,weight'"),
         (("--model-type", "pvse", "--attribute-weight", "1"), "not supported for pvse"),
         (("--attribute-weight", "-1"), "regulariser weights must be >= 0"),
     ],
@@ -274,6 +275,16 @@ def seeded_and_changed(
         torch.testing.assert_close(state_of(tmp_path / "b")[name], tensor, rtol=0, atol=0)
     return [n for n, t in state_of(tmp_path / "plain").items()
             if not torch.equal(state_of(tmp_path / "a")[n], t)]  # fmt: skip
+
+
+def test_caption_swaps_choose_the_swapped_words(small_shapes) -> None:
+    """Only the asked attributes are swapped: size swaps alone are fewer than all three."""
+    config = ModelConfig(embed_dim=8)
+    everything = load_splits(small_shapes, config, None, 0, "captions")[0].counterfactuals
+    sizes = load_splits(small_shapes, config, None, 0, "captions", ("size",))[0].counterfactuals
+    assert everything is not None and sizes is not None
+    assert 0 < len(sizes.caption) < len(everything.caption)
+    assert len(sizes.caption) == len(set(sizes.caption.tolist()))  # at most one per caption
 
 
 def test_a_batch_gets_the_swaps_of_its_own_captions(small_shapes) -> None:
