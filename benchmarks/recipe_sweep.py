@@ -139,6 +139,11 @@ RECIPES: tuple[Recipe, ...] = (
            model={**NARROW_OBJECTS, "dropout": 0.0},
            training={"counterfactual_weight": 10.0, "counterfactuals": "both",
                      "outlier_fraction": 0.25, "attribute_weight": 100.0}),
+    Recipe("narrow-size-swaps-10-nodrop-outliers-attributes-100",
+           model={**NARROW_OBJECTS, "dropout": 0.0},
+           training={"counterfactual_weight": 10.0, "counterfactuals": "both",
+                     "caption_swaps": "size", "outlier_fraction": 0.25,
+                     "attribute_weight": 100.0}),
     Recipe("narrow-image-swaps-10-nodrop-outliers-40",
            model={**NARROW_OBJECTS, "dropout": 0.0},
            training={"counterfactual_weight": 10.0, "counterfactuals": "images",
@@ -166,6 +171,11 @@ RECIPES: tuple[Recipe, ...] = (
            training={"variance_objective": "", "counterfactual_weight": 10.0,
                      "counterfactuals": "images", "attribute_weight": 100.0,
                      "outlier_ranking_weight": 0.0}),
+    Recipe("vse-narrow-size-swaps-10-nodrop-attributes-100",
+           model={"model_type": "vse", **NARROW_OBJECTS, "dropout": 0.0},
+           training={"variance_objective": "", "counterfactual_weight": 10.0,
+                     "counterfactuals": "both", "caption_swaps": "size",
+                     "attribute_weight": 100.0, "outlier_ranking_weight": 0.0}),
 )
 # fmt: on
 
