@@ -23,7 +23,9 @@ from indexer.calibration import CalibrationJob, Target, run_calibration
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
 from models.datasets.photos import write_photos
+from models.datasets.records import CaptionRecord, ImageRecord, is_plausible_match, load_dataset
 from models.datasets.shapes import generate_shapes
+from models.evaluation.evaluate import is_single_object
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
 
@@ -289,36 +291,34 @@ class DemoExamples:
     """What the demo's examples are drawn from: the test split (the galleries hold it) and
     real photographs (images unlike anything the model was trained on)."""
 
-    captions: list[dict[str, Any]]  # test caption records (JSON), single-object ones first
-    caption_by_id: dict[str, dict[str, Any]]  # every test caption record by id
+    captions: list[CaptionRecord]  # test captions, single-object ones first
+    caption_by_id: dict[str, CaptionRecord]  # every test caption by id, to judge answers
     images: list[Path]
     labels: dict[str, list[str]]  # image id -> its "<colour> <shape>" labels
     photos: list[Path]
+    image_by_id: dict[str, ImageRecord]  # every test image by id, to judge answers
 
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _single_object(caption: dict[str, Any]) -> bool:
-    named = caption.get("named") or []
-    return len(named) == 1 and named[0]["count"] == 1 and bool(named[0]["shape"])
+    def plausible(self, caption_id: str, image_id: str) -> bool:
+        """Whether the image holds everything the caption names, sizes and counts included
+        (models.datasets.records.is_plausible_match, as the evaluation judges)."""
+        return is_plausible_match(self.caption_by_id[caption_id], self.image_by_id[image_id])
 
 
 def load_examples(paths: DemoPaths) -> DemoExamples:
     """The test split's captions and images, and the photographs (written on first use)."""
-    images = [im for im in _jsonl(paths.data / "images.jsonl") if im["split"] == "test"]
-    captions = [c for c in _jsonl(paths.data / "captions.jsonl") if c["split"] == "test"]
-    captions.sort(key=lambda c: not _single_object(c))  # stable: single-object captions first
+    test = load_dataset(paths.data, "test")
+    # stable sort: single-object captions ("a purple star") first
+    captions = sorted(test.captions, key=lambda c: not is_single_object(c))
     photos_dir = paths.root / "photos"
     if not any(photos_dir.glob("*.png")):
         write_photos(photos_dir)
     return DemoExamples(
         captions=captions[:EXAMPLE_CANDIDATES],
-        caption_by_id={c["id"]: c for c in captions},
-        images=[paths.data / im["file"] for im in images[:EXAMPLE_CANDIDATES]],
-        labels={im["id"]: im["labels"] for im in images},
+        caption_by_id={c.id: c for c in test.captions},
+        images=[im.path for im in test.images[:EXAMPLE_CANDIDATES]],
+        labels={im.id: list(im.labels) for im in test.images},
         photos=sorted(photos_dir.glob("*-full.png")),
+        image_by_id={im.id: im for im in test.images},
     )
 
 
@@ -364,27 +364,27 @@ def _text_curl(url: str, request: dict) -> str:
 
 def _answered_caption(http: Any, url: str, examples: DemoExamples) -> tuple[dict, dict]:
     """The first test caption (single-object ones first) that is answered and whose first
-    result holds the colours and shapes it names; else the first one tried."""
+    result is a plausible match of it; else the first one tried."""
     first = None
     for caption in examples.captions:
-        request = {"text": caption["text"], "k": 3}
+        request = {"text": caption.text, "k": 3}
         body = _checked(http.post(f"{url}/search/text", json=request))
         first = first or (request, body)
         top = body["results"][0]["id"] if body["results"] else None
-        if not body["query"]["rejected"] and _names_held(caption, examples.labels.get(top, [])):
+        if not body["query"]["rejected"] and top and examples.plausible(caption.id, top):
             return request, body
     return first
 
 
 def _answered_image(http: Any, url: str, examples: DemoExamples) -> tuple[Path, dict]:
-    """The first test image that is answered and whose first caption names colours and shapes
-    the image holds; else the first one tried."""
+    """The first test image that is answered and whose first caption is a plausible match of
+    it; else the first one tried."""
     first = None
     for image in examples.images:
         body = _upload(http, url, image)
         first = first or (image, body)
-        top = examples.caption_by_id.get(body["results"][0]["id"]) if body["results"] else None
-        held = top is not None and _names_held(top, examples.labels.get(image.stem, []))
+        top = body["results"][0]["id"] if body["results"] else None
+        held = top in examples.caption_by_id and examples.plausible(top, image.stem)
         if not body["query"]["rejected"] and held:
             return image, body
     return first
@@ -394,13 +394,6 @@ def _upload(http: Any, url: str, image: Path) -> dict[str, Any]:
     with image.open("rb") as handle:
         files = {"image": (image.name, handle, "image/png")}
         return _checked(http.post(f"{url}/search/image", files=files, data={"k": "3"}))
-
-
-def _names_held(caption: dict[str, Any], labels: list[str]) -> bool:
-    """Whether every "<colour> <shape>" the caption names is among the image's labels."""
-    named = caption.get("named") or []
-    wanted = {f"{d['color']} {d['shape']}" for d in named if d["color"] and d["shape"]}
-    return bool(wanted) and wanted <= set(labels)
 
 
 def _first_upload(http: Any, url: str, images: list[Path], rejected: bool) -> tuple[Path, dict]:

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.demo import SMALL_PLAN, DemoPaths, _done_stages, _save_state, _stage_keys
+from models.datasets.records import is_plausible_match, load_dataset
+from service.demo import (
+    SMALL_PLAN,
+    DemoPaths,
+    _done_stages,
+    _save_state,
+    _stage_keys,
+    load_examples,
+)
 from tests.service.conftest import PROBSEARCH
 
 NO_REDIS = "redis://127.0.0.1:1/0"
@@ -44,6 +52,29 @@ def test_first_run_builds_every_stage_and_answers(first_run: tuple[Path, str]) -
     # The verdict names the calibrated score, its value and its threshold (the small model
     # is too weak to promise which way it goes; the full demo is checked by hand).
     assert re.search(r"(REJECTED|answered) \((\w+) -?[0-9.]+, threshold -?[0-9.]+\)", photo_example)
+
+
+def test_examples_are_judged_with_sizes_and_counts(first_run: tuple[Path, str]) -> None:
+    """An example answer counts as right only when the dataset's own judgement says so: a
+    caption naming the wrong size of a held colour and shape is wrong."""
+    cache, _ = first_run
+    examples = load_examples(DemoPaths(cache))
+    test = load_dataset(cache / "data", "test")
+    pairs = [(c, im) for c in test.captions for im in test.images]
+    verdicts = {(c.id, im.id): is_plausible_match(c, im) for c, im in pairs}
+    assert any(verdicts.values()) and not all(verdicts.values())
+    for (caption_id, image_id), expected in verdicts.items():
+        assert examples.plausible(caption_id, image_id) is expected
+    sized = [c for c in test.captions if any(d.size and d.shape and d.color for d in c.named)]
+    wrong_size = [
+        (c, im) for c in sized for im in test.images
+        if not is_plausible_match(c, im)
+        and all(any(o.shape == d.shape and o.color == d.color for o in im.objects)
+                for d in c.named)
+    ]  # fmt: skip
+    assert wrong_size, "the small demo data holds a caption whose size alone misses an image"
+    assert not any(examples.plausible(c.id, im.id) for c, im in wrong_size)
+    assert examples.captions and all(c.split == "test" for c in examples.captions)
 
 
 def test_first_run_activates_calibrated_versions(first_run: tuple[Path, str]) -> None:
