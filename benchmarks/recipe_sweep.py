@@ -183,9 +183,11 @@ def run_recipe(recipe: Recipe, work_dir: Path, selection: Path, threads: int) ->
 
 
 def row(result: dict) -> str:
+    from models.evaluation.evaluate import direction_results
+
     recipe, report = result["recipe"], result["report"]
-    (metric,) = report["metrics"].values()
-    i2t, t2i = metric["i2t"]["retrieval"], metric["t2i"]["retrieval"]
+    ranked = direction_results(report)
+    i2t, t2i = ranked["i2t"]["retrieval"], ranked["t2i"]["retrieval"]
     epochs = result["history"]
     best = max(epochs, key=lambda e: e["score"])
     cells = [

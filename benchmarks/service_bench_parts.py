@@ -59,7 +59,7 @@ def time_parts(spec: dict) -> dict:
 
 def _time(services, loaded, spec: dict, draws: int) -> dict:
     encoder, searcher, index = services.encoders["text"], services.searcher, loaded.index
-    metric = searcher.default_metric
+    metric = searcher.default_metric("image")  # text queries search the image gallery
     shortlist_metric, size = searcher.shortlist_metric(metric), default_shortlist(K)
     calibration = index.manifest.calibration.get(metric)
     temperature = calibration.temperature if calibration else DEFAULT_TEMPERATURE

@@ -53,6 +53,13 @@ def train(
             help="training similarity; default: w2 (gcie), mahalanobis (gce, gie), cosine (vse)"
         ),
     ] = "",
+    image_query_metric: Annotated[
+        str,
+        typer.Option(
+            help="metric the service ranks captions with for an image query that names none "
+            "(default: the training metric's)"
+        ),
+    ] = "",
     covariance: Annotated[
         str, typer.Option(help="ellipsoidal | spherical-avgpool | spherical-one-value")
     ] = "ellipsoidal",
@@ -200,6 +207,7 @@ def train(
         model_config = ModelConfig(
             model_type=model_type,
             metric=metric,
+            image_query_metric=image_query_metric,
             covariance=covariance,
             embed_dim=embed_dim,
             dropout=dropout,

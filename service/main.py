@@ -152,7 +152,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
     searcher = Searcher(
         holder,
         encoders,
-        default_metric=config.search_metric,
+        default_metrics={g: config.default_metric(g) for g in GALLERY_OF_KIND.values()},
         candidate_metric=settings.candidate_metric,
         max_shortlist=settings.max_shortlist,
         device=compute_device(settings.device),

@@ -6,6 +6,7 @@ from pydantic import BaseModel, Field
 from models.distance.gaussian import METRICS
 from service.gallery_stats import GalleryStats
 from service.schemas import SearchOptions
+from service.searcher import GALLERY_OF_KIND
 from service.services import Services
 
 
@@ -26,7 +27,11 @@ class ServiceConfig(BaseModel):
     model: str
     default_k: int
     max_k: int
-    default_metric: str
+    default_metric: str = Field(description="Metric of a caption query that names none.")
+    default_metrics: dict[str, str] = Field(
+        description="Metric each gallery is ranked with when a query names none: image "
+        "(caption queries), text (image queries)."
+    )
     metrics: list[str] = Field(description="Metrics every loaded gallery serves.")
     mc_samples: int
     max_text_chars: int
@@ -52,15 +57,15 @@ def service_config(services: Services, stats: GalleryStats) -> ServiceConfig:
                 log_det_high=span.high,
                 log_det_rows=span.rows,
             )
-    default_metric = services.searcher.default_metric
+    defaults = services.searcher.default_metrics
     served = [m for m in METRICS if all(m in g.metrics for g in galleries.values())]
-    if default_metric not in served:
-        served.insert(0, default_metric)
+    served[:0] = [m for m in dict.fromkeys(defaults.values()) if m not in served]
     return ServiceConfig(
         model=services.model_name,
         default_k=SearchOptions.model_fields["k"].default,
         max_k=settings.max_k,
-        default_metric=default_metric,
+        default_metric=defaults[GALLERY_OF_KIND["text"]],
+        default_metrics=defaults,
         metrics=served,
         mc_samples=settings.mc_samples,
         max_text_chars=settings.max_text_chars,

@@ -44,8 +44,9 @@ def check_text(text: str, settings: Settings) -> None:
         )
 
 
-def search_params(options: SearchOptions, services: Services) -> SearchParams:
-    """Check the options against the configured limits and fill in the defaults."""
+def search_params(options: SearchOptions, services: Services, gallery: str) -> SearchParams:
+    """Check the options against the configured limits and fill in the defaults (the metric:
+    the one `gallery` is ranked with by default)."""
     settings = services.settings
     if options.k > settings.max_k:
         raise InvalidQueryError(f"k={options.k} is above the limit {settings.max_k}; ask for fewer")
@@ -65,7 +66,7 @@ def search_params(options: SearchOptions, services: Services) -> SearchParams:
         )
     return SearchParams(
         k=options.k,
-        metric=options.metric or services.searcher.default_metric,
+        metric=options.metric or services.searcher.default_metric(gallery),
         shortlist=options.shortlist or min(default_shortlist(options.k), settings.max_shortlist),
         mc_samples=mc_samples,
         temperature=options.temperature,

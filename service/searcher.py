@@ -105,7 +105,8 @@ class Searcher:
 
     Args:
         encoders: the query encoders by query kind ("text", "image").
-        default_metric: metric of requests that name none (the model's training metric).
+        default_metrics: metric of requests that name none, per gallery ("image", "text"):
+            the model's (ModelConfig.default_metric).
         candidate_metric: shortlist metric for metrics without an index form
             (bhattacharyya, elk, match_prob).
         max_shortlist: cap of the default shortlist size.
@@ -116,17 +117,21 @@ class Searcher:
         holder: IndexHolder,
         encoders: Mapping[str, OnnxEncoder],
         *,
-        default_metric: str,
+        default_metrics: Mapping[str, str],
         candidate_metric: str,
         max_shortlist: int,
         device: torch.device,
     ) -> None:
         self.holder = holder
         self.encoders = dict(encoders)
-        self.default_metric = default_metric
+        self.default_metrics = dict(default_metrics)
         self.candidate_metric = candidate_metric
         self.max_shortlist = max_shortlist
         self.device = device
+
+    def default_metric(self, gallery: str) -> str:
+        """The metric `gallery` is ranked with when a query names none."""
+        return self.default_metrics[gallery]
 
     def search_batch(self, queries: Sequence[Query]) -> list["Outcome | Exception"]:
         """Answer every query; a failed query gets its exception in its slot."""
@@ -257,7 +262,7 @@ class Searcher:
                 f"the query embedding has {enc.mu.shape[-1]} dimensions but the {query.gallery} "
                 f"index {loaded.version} holds {manifest.dim}-dimensional embeddings"
             )
-        metric = query.params.metric or self.default_metric
+        metric = query.params.metric or self.default_metric(query.gallery)
         k = query.params.k
         size = query.params.shortlist or min(default_shortlist(k), self.max_shortlist)
         if metric == MAX_PAIR:

@@ -36,6 +36,7 @@ from models.evaluation.retrieval_metrics import (
     summarize_ranking,
 )
 from models.networks.heads import fraction_at_bound
+from models.networks.model_config import ModelConfig
 from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR, max_pair_distance, shortlist_max_pair_distance
@@ -448,6 +449,18 @@ def log_det_summary(embeddings: Embeddings, bins: int, bounds: tuple[float, floa
     }
 
 
+def default_metrics(model_config: ModelConfig) -> dict[str, str]:
+    """The metric each direction is ranked with when none is asked for, as the service ranks
+    it: t2i searches the image gallery, i2t the caption gallery (ModelConfig.default_metric)."""
+    return {"t2i": model_config.default_metric("image"), "i2t": model_config.default_metric("text")}
+
+
+def direction_results(report: dict, metric: str = "") -> dict[str, dict]:
+    """Each direction's section of `report`, ranked with `metric` ("" = the direction's
+    default metric, `report["default_metrics"]`)."""
+    return {d: report["metrics"][metric or report["default_metrics"][d]][d] for d in DIRECTIONS}
+
+
 def evaluate_model(
     model_dir: Path | str,
     data_dir: Path | str,
@@ -461,7 +474,8 @@ def evaluate_model(
     dataset = load_dataset(data_dir, split)
     embedded = embed_split(model_dir, dataset, config)
     model_config = embedded.encoders["image"].config
-    metrics = config.metrics or (model_config.search_metric,)
+    defaults = default_metrics(model_config)
+    metrics = config.metrics or tuple(dict.fromkeys(defaults[d] for d in DIRECTIONS))
     bounds = model_config.logvar_bounds
     report: dict = {
         "model": {
@@ -477,6 +491,7 @@ def evaluate_model(
             "captions": len(dataset.captions),
         },
         "settings": {**asdict(config), "metrics": list(metrics)},
+        "default_metrics": defaults,
         "log_det": {
             "image": log_det_summary(embedded.images, config.histogram_bins, bounds),
             "text": log_det_summary(embedded.captions, config.histogram_bins, bounds),

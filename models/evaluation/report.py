@@ -179,6 +179,12 @@ def markdown_report(report: dict, plots: list[str] | None = None) -> str:
         f"scores over the top {settings['shortlist_size']}.",
         "",
     ]
+    defaults = report.get("default_metrics")
+    if defaults:
+        lines += [
+            f"Default metrics (the service's): t2i {defaults['t2i']}, i2t {defaults['i2t']}.",
+            "",
+        ]
     lines += _retrieval_section(report) + _rejection_section(report) + _ood_section(report)
     lines += _decile_section(report) + _crop_section(report)
     rows = [

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from models.distance.gaussian import METRICS as GAUSSIAN_METRICS
+
 ModelType = Literal["gcie", "gce", "gie", "vse", "pvse"]
 Covariance = Literal["ellipsoidal", "spherical-avgpool", "spherical-one-value"]
 
@@ -66,15 +68,19 @@ class ModelConfig:
 
     `metric` is the training similarity and the service's default; `search_metric` maps the
     point baseline's "cosine" to "w2", which ranks unit-norm points with a constant variance
-    exactly like cosine. `point_logvar` is the constant log-variance a point modality outputs,
-    so every gallery has both mu and logvar. `training` and `validation` record how the model
-    was trained and its best validation recalls (informational).
+    exactly like cosine. `image_query_metric` ranks the captions for an image query instead
+    ("" = `search_metric`): chosen on validation data per direction, since an image query and a
+    caption query ask different things of the variance (`default_metric`). `point_logvar` is
+    the constant log-variance a point modality outputs, so every gallery has both mu and
+    logvar. `training` and `validation` record how the model was trained and its best
+    validation recalls (informational).
     """
 
     model_type: ModelType = "gcie"
     embed_dim: int = 32
     covariance: Covariance = "ellipsoidal"
     metric: str = ""  # "" = the model type's default (DEFAULT_METRIC)
+    image_query_metric: str = ""  # default metric of the caption gallery; "" = search_metric
     name: str = "probsearch-shapes"
     version: int = FORMAT_VERSION
     var_min: float = 1e-6  # safety bounds of the variance, far outside its working range
@@ -122,6 +128,11 @@ class ModelConfig:
                 f"metric {self.metric!r} cannot train a {self.model_type} model; "
                 f"choose one of {', '.join(allowed)}"
             )
+        if self.image_query_metric and self.image_query_metric not in GAUSSIAN_METRICS:
+            raise ConfigError(
+                f"unknown image query metric {self.image_query_metric!r}; "
+                f"choose one of {', '.join(GAUSSIAN_METRICS)}"
+            )
         if not 0 < self.var_min < self.var_max:
             raise ConfigError(f"need 0 < var_min < var_max, got {self.var_min}, {self.var_max}")
         if self.image_pooling not in IMAGE_POOLINGS:
@@ -163,6 +174,13 @@ class ModelConfig:
     def search_metric(self) -> str:
         """The models.distance.gaussian metric the service should rank with by default."""
         return "w2" if self.metric == "cosine" else self.metric
+
+    def default_metric(self, gallery: str) -> str:
+        """The metric the service ranks `gallery` ("image" or "text") with when a query names
+        none: the caption gallery answers image queries with `image_query_metric` if set."""
+        if gallery == "text" and self.image_query_metric:
+            return self.image_query_metric
+        return self.search_metric
 
     @property
     def logvar_bounds(self) -> tuple[float, float]:

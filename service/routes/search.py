@@ -51,7 +51,7 @@ async def search_text(body: TextSearchRequest, services: ServicesDep) -> Respons
     """Search the image gallery with a caption."""
     start = time.perf_counter()
     check_text(body.text, services.settings)
-    params = search_params(body, services)
+    params = search_params(body, services, GALLERY_OF_KIND["text"])
     result = await answer(
         services,
         "text",
@@ -69,7 +69,7 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     """Search the caption gallery with an image: multipart (field `image`) or JSON base64."""
     start = time.perf_counter()
     data, options = await read_image_request(request, services.settings.max_image_bytes)
-    params = search_params(options, services)
+    params = search_params(options, services, GALLERY_OF_KIND["image"])
     decode_start = time.perf_counter()
     image = await decode_image(data, services)
     decode_ms = 1000 * (time.perf_counter() - decode_start)
@@ -92,7 +92,7 @@ async def search_embedding(body: EmbeddingSearchRequest, services: ServicesDep) 
     """Search a gallery with a Gaussian (mu, logvar) computed by the caller's own encoder."""
     start = time.perf_counter()
     mu, logvar = _embedding(body, services.settings.max_embedding_dim)
-    params = search_params(body, services)
+    params = search_params(body, services, body.gallery)
     result = await answer(
         services,
         "embedding",

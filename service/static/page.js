@@ -62,13 +62,19 @@ async function loadConfig() {
   showFooter(state.config);
 }
 
+function defaultMetricLabel(config) {
+  const forCaption = config.default_metrics.image;
+  const forImage = config.default_metrics.text;
+  if (forCaption === forImage) return `default (${forCaption})`;
+  return `default (${forCaption} for a caption, ${forImage} for an image)`;
+}
+
 function fillSelectors(config) {
   const metric = $("metric");
-  const chosenMetric = metric.value || config.default_metric;
+  const chosenMetric = metric.value;
   metric.replaceChildren(
-    ...config.metrics.map((name) =>
-      element("option", { value: name, text: name === config.default_metric ? `${name} (default)` : name })
-    )
+    element("option", { value: "", text: defaultMetricLabel(config) }),
+    ...config.metrics.map((name) => element("option", { value: name, text: name }))
   );
   metric.value = chosenMetric;
   const k = $("k");

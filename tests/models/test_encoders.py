@@ -179,6 +179,7 @@ def test_dropout_masks_values_and_rate() -> None:
         ({"dropout": 1.0}, "dropout"),
         ({"image_pooling": "mean"}, "unknown image pooling"),
         ({"cnn_downsample": "avg"}, "unknown cnn downsample"),
+        ({"image_query_metric": "cosine"}, "unknown image query metric"),
     ],
 )
 def test_config_rejects_bad_values_with_a_clear_message(fields: dict, message: str) -> None:
@@ -193,6 +194,15 @@ def test_config_defaults_per_model_type_and_round_trip(tmp_path) -> None:
     config = ModelConfig(model_type="gie", embed_dim=12, training={"epochs": 3})
     config.save(tmp_path)
     assert ModelConfig.load(tmp_path) == config
+
+
+def test_image_queries_may_default_to_a_metric_of_their_own(tmp_path) -> None:
+    plain = ModelConfig()
+    assert plain.default_metric("image") == plain.default_metric("text") == "w2"
+    point = ModelConfig(model_type="vse", image_query_metric="kl")
+    assert (point.default_metric("image"), point.default_metric("text")) == ("w2", "kl")
+    point.save(tmp_path)
+    assert ModelConfig.load(tmp_path).default_metric("text") == "kl"
     with pytest.raises(ConfigError, match="not found"):
         ModelConfig.load(tmp_path / "nowhere")
 

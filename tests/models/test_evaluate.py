@@ -296,3 +296,26 @@ def test_eval_encodes_on_cpu_when_torch_sees_a_gpu_that_onnx_runtime_cannot_use(
     split = embed_split(tiny_model_dir, load_dataset(shapes_dir, "test"), CONFIG)
     assert split.encoders["image"].provider == "CPUExecutionProvider"
     assert np.isfinite(split.images.mu).all()
+
+
+def test_by_default_each_direction_is_ranked_with_the_services_metric_for_it(
+    tiny_model_dir: Path, shapes_dir: Path, report: dict, tmp_path: Path
+) -> None:
+    import shutil
+
+    from models.evaluation.evaluate import direction_results
+    from models.networks.model_config import ModelConfig
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = ModelConfig.load(model_dir)
+    assert config.search_metric == "w2"
+    dataclasses.replace(config, image_query_metric="kl").save(model_dir)
+    default = evaluate_model(model_dir, shapes_dir, "test", dataclasses.replace(CONFIG, metrics=()))
+    assert default["default_metrics"] == {"t2i": "w2", "i2t": "kl"}
+    assert set(default["metrics"]) == {"w2", "kl"}
+    ranked = direction_results(default)
+    # The same encoders, so each direction's figures are those of its metric in `report`.
+    for direction, metric in (("t2i", "w2"), ("i2t", "kl")):
+        assert ranked[direction]["retrieval"] == report["metrics"][metric][direction]["retrieval"]
+    assert report["metrics"]["w2"]["i2t"]["retrieval"] != ranked["i2t"]["retrieval"]

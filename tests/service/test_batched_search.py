@@ -37,7 +37,7 @@ def searcher(artifacts: Artifacts) -> Iterator[Searcher]:
     encoders = {k: OnnxEncoder(artifacts.model, k, device="cpu") for k in ("text", "image")}
     try:
         yield Searcher(
-            holder, encoders, default_metric="w2", candidate_metric="w2",
+            holder, encoders, default_metrics={"image": "w2", "text": "w2"}, candidate_metric="w2",
             max_shortlist=200, device=torch.device("cpu"),
         )  # fmt: skip
     finally:
@@ -189,8 +189,9 @@ def no_dropout_searcher(artifacts: Artifacts, tmp_path_factory) -> Iterator[Sear
     holder.start()
     try:
         yield Searcher(
-            holder, {"text": OnnxEncoder(model, "text", device="cpu")}, default_metric="w2",
-            candidate_metric="w2", max_shortlist=200, device=torch.device("cpu"),
+            holder, {"text": OnnxEncoder(model, "text", device="cpu")},
+            default_metrics={"image": "w2", "text": "w2"}, candidate_metric="w2",
+            max_shortlist=200, device=torch.device("cpu"),
         )  # fmt: skip
     finally:
         holder.stop()

@@ -46,7 +46,7 @@ def service_scores(artifacts: Artifacts, root: Path, queries: list[Query]) -> li
     holder.start()
     try:
         searcher = Searcher(
-            holder, {}, default_metric="w2", candidate_metric="w2",
+            holder, {}, default_metrics={"image": "w2", "text": "w2"}, candidate_metric="w2",
             max_shortlist=SHORTLIST, device=torch.device("cpu"),
         )  # fmt: skip
         outcomes = searcher.search_batch(queries)

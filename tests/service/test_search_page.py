@@ -73,8 +73,9 @@ def test_config_has_the_service_defaults_and_the_galleries_log_det_range(
     config = response.json()
     model = ModelConfig.load(artifacts.model)
     assert config["model"] == model.name
-    assert config["default_metric"] == model.search_metric
-    assert config["default_metric"] in config["metrics"]
+    assert config["default_metric"] == model.default_metric("image")
+    assert config["default_metrics"] == {g: model.default_metric(g) for g in ("image", "text")}
+    assert set(config["default_metrics"].values()) <= set(config["metrics"])
     assert (config["default_k"], config["max_k"], config["max_text_chars"]) == (10, 1000, 500)
     expected_versions = {"image": artifacts.image_v1, "text": artifacts.text_v1}
     assert {g: s["version"] for g, s in config["galleries"].items()} == expected_versions
