@@ -4,8 +4,8 @@ does a screen's winner stay ahead on data nothing was chosen on, by more than th
 Trains every (recipe, training seed) on shapes data seed 7 (its train and val splits) and reads
 the figures on its test split; seed 7 is used neither by docs/results.md (seed 0) nor by the
 sweep that chose the recipes (seeds 3 and 5). Writes mean ± sd over the seeds. `--split val
---metric M` reads the same models on val ranked with M, to choose a metric before the test
-split is read.
+--metric M` reads the same models on val ranked with M (`--i2t-metric M2`: i2t with M2), to
+choose a metric per direction before the test split is read.
 
     python benchmarks/recipe_seeds.py --recipes base,mp1-objects --seeds 0,1,2 --parallel 2
     python benchmarks/recipe_seeds.py --recipes base --seeds 0 --images 300 --epochs 1 \\
@@ -44,13 +44,21 @@ FIGURES = (  # (direction, retrieval key, column title)
 
 
 def run_one(
-    recipe: Recipe, seed: int, data: Path, work_dir: Path, epochs: int, split: str, metric: str
+    recipe: Recipe,
+    seed: int,
+    data: Path,
+    work_dir: Path,
+    epochs: int,
+    split: str,
+    metric: str,
+    i2t_metric: str = "",
 ) -> dict:
     """Train (unless cached) one recipe with one training seed and score it on `split`, ranked
-    with `metric` ("" = the model's default)."""
+    with `metric` ("" = the model's default per direction; `i2t_metric` overrides i2t)."""
     import torch
 
     from models.evaluation.evaluate import EvalConfig, evaluate_model
+    from models.networks.model_config import ModelConfig
     from models.training.train import train
     from service.demo import DemoPlan, demo_model
 
@@ -63,10 +71,14 @@ def run_one(
         train(data, model_dir, model, training, progress=False, log=lambda _: None)
     history = json.loads((model_dir / "history.json").read_text())
     train_s = sum(epoch["seconds"] for epoch in history)  # as measured when it was trained
-    config = EvalConfig(metrics=(metric,) if metric else (), mc_samples=0, seed=seed)
+    model_config = ModelConfig.load(model_dir)
+    ranked = {
+        "t2i": metric or model_config.default_metric("image"),
+        "i2t": i2t_metric or metric or model_config.default_metric("text"),
+    }
+    config = EvalConfig(metrics=tuple(dict.fromkeys(ranked.values())), mc_samples=0, seed=seed)
     report = evaluate_model(model_dir, data, split, config)
-    (metric,) = report["metrics"].values()
-    figures = [metric[d]["retrieval"][key] for d, key, _ in FIGURES]
+    figures = [report["metrics"][ranked[d]][d]["retrieval"][key] for d, key, _ in FIGURES]
     return {"recipe": recipe.name, "seed": seed, "figures": figures, "train_s": train_s}
 
 
@@ -84,7 +96,8 @@ def render(args: argparse.Namespace, results: list[dict], load: float, seconds: 
         f"start; wall time {seconds / 60:.1f} min.",
         f"Data: shapes seed {args.data_seed}, {args.images} images; trained on its train split "
         f"(checkpoint chosen on val), figures on its {args.split} split, metric "
-        f"{args.metric or 'of the recipe'}; "
+        f"{args.metric or 'of the recipe'}"
+        f"{f' (i2t: {args.i2t_metric})' if args.i2t_metric else ''}; "
         f"training seeds {args.seeds}; mean ± sample sd over them.",
         "",
         "| recipe | " + " | ".join(title for _, _, title in FIGURES) + " | train min |",
@@ -113,6 +126,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--split", choices=("val", "test"), default="test")
     parser.add_argument("--metric", default="", help="rank with this metric (default: the model's)")
+    parser.add_argument("--i2t-metric", default="", help="rank i2t with this (default: --metric)")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "recipe_seeds")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/recipe_seeds.md")
     args = parser.parse_args()
@@ -127,7 +141,7 @@ def main() -> None:
     data = dataset(args.work_dir, args.images, args.data_seed)
     known = {n: replace(r, images=args.images) for n, r in known.items()}
     jobs = [
-        (known[n], s, data, args.work_dir, args.epochs, args.split, args.metric)
+        (known[n], s, data, args.work_dir, args.epochs, args.split, args.metric, args.i2t_metric)
         for n in args.recipes
         for s in args.seeds
     ]

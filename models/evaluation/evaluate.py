@@ -172,6 +172,15 @@ def embed_texts(
     return _concat(parts)
 
 
+def image_label_matrix(dataset: PairedDataset) -> np.ndarray:
+    """(I, K) 0/1 multi-hot of each image's labels over dataset.label_names (PMRP's vectors)."""
+    label_col = {name: col for col, name in enumerate(dataset.label_names)}
+    image_labels = np.zeros((len(dataset.images), len(label_col)), dtype=np.int64)
+    for row, image in enumerate(dataset.images):
+        image_labels[row, [label_col[label] for label in image.labels]] = 1
+    return image_labels
+
+
 def embed_split(model_dir: Path, dataset: PairedDataset, config: EvalConfig) -> SplitEmbeddings:
     """Load both encoders and embed every image and caption of `dataset` (one split)."""
     if not dataset.images or not dataset.captions:
@@ -187,10 +196,7 @@ def embed_split(model_dir: Path, dataset: PairedDataset, config: EvalConfig) -> 
             f"{uncaptioned} images of the split have no caption; image-to-text evaluation "
             "needs at least one caption per image"
         )
-    label_col = {name: col for col, name in enumerate(dataset.label_names)}
-    image_labels = np.zeros((len(dataset.images), len(label_col)), dtype=np.int64)
-    for row, image in enumerate(dataset.images):
-        image_labels[row, [label_col[label] for label in image.labels]] = 1
+    image_labels = image_label_matrix(dataset)
     torch_device(config.device)  # rejects an unknown device before the encoders load
     encoders = {m: OnnxEncoder(model_dir, m, device=config.device) for m in ("image", "text")}
     images = embed_images(
