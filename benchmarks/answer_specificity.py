@@ -23,16 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.datasets.records import CaptionRecord, load_dataset, plausible_match_matrix
+from models.datasets.records import attributes_named, load_dataset, plausible_match_matrix
 from models.distance.gaussian import pairwise_distance
 from models.evaluation.evaluate import EvalConfig, embed_split
-
-
-def attributes_named(caption: CaptionRecord) -> int:
-    """Shape, colour and size words of the caption's named objects."""
-    return sum(
-        (o.shape is not None) + (o.color is not None) + (o.size is not None) for o in caption.named
-    )
 
 
 def first_answers(model_dir: Path, dataset, metric: str) -> np.ndarray:

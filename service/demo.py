@@ -23,7 +23,13 @@ from indexer.calibration import CalibrationJob, Target, run_calibration
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
 from models.datasets.photos import write_photos
-from models.datasets.records import CaptionRecord, ImageRecord, is_plausible_match, load_dataset
+from models.datasets.records import (
+    CaptionRecord,
+    ImageRecord,
+    attributes_named,
+    is_plausible_match,
+    load_dataset,
+)
 from models.datasets.shapes import generate_shapes
 from models.evaluation.evaluate import is_single_object
 from models.networks.model_config import ModelConfig, TrainConfig
@@ -284,6 +290,7 @@ def build_demo(
 
 
 EXAMPLE_CANDIDATES = 60  # test captions / images tried for each example
+EXAMPLE_ATTRIBUTES = 2  # words of shape, colour or size the example image's answer names
 
 
 @dataclass(frozen=True)
@@ -378,16 +385,21 @@ def _answered_caption(http: Any, url: str, examples: DemoExamples) -> tuple[dict
 
 def _answered_image(http: Any, url: str, examples: DemoExamples) -> tuple[Path, dict]:
     """The first test image that is answered and whose first caption is a plausible match of
-    it; else the first one tried."""
-    first = None
+    it that says something about it (names at least EXAMPLE_ATTRIBUTES shape, colour or size
+    words: "four things" is true of many images and shows little); else the first answered
+    plausibly; else the first one tried."""
+    first = plausible = None
     for image in examples.images:
         body = _upload(http, url, image)
         first = first or (image, body)
         top = body["results"][0]["id"] if body["results"] else None
         held = top in examples.caption_by_id and examples.plausible(top, image.stem)
-        if not body["query"]["rejected"] and held:
+        if body["query"]["rejected"] or not held:
+            continue
+        if attributes_named(examples.caption_by_id[top]) >= EXAMPLE_ATTRIBUTES:
             return image, body
-    return first
+        plausible = plausible or (image, body)
+    return plausible or first
 
 
 def _upload(http: Any, url: str, image: Path) -> dict[str, Any]:

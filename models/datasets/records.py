@@ -77,6 +77,14 @@ class CaptionRecord:
     named: tuple[Descriptor, ...] = ()
 
 
+def attributes_named(caption: CaptionRecord) -> int:
+    """How much a caption says: the shape, colour and size words of the objects it names
+    ("four things" 0, "a triangle" 1, "a small blue square and a red triangle" 5)."""
+    return sum(
+        (d.shape is not None) + (d.color is not None) + (d.size is not None) for d in caption.named
+    )
+
+
 @dataclass(frozen=True)
 class PairedDataset:
     """Images and their captions, as read from one dataset directory."""

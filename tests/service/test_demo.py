@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from models.datasets.records import is_plausible_match, load_dataset
+from models.datasets.records import attributes_named, is_plausible_match, load_dataset
 from service.demo import (
+    EXAMPLE_ATTRIBUTES,
     SMALL_PLAN,
     DemoPaths,
+    _answered_image,
     _done_stages,
     _save_state,
     _stage_keys,
@@ -75,6 +77,34 @@ def test_examples_are_judged_with_sizes_and_counts(first_run: tuple[Path, str]) 
     assert wrong_size, "the small demo data holds a caption whose size alone misses an image"
     assert not any(examples.plausible(c.id, im.id) for c, im in wrong_size)
     assert examples.captions and all(c.split == "test" for c in examples.captions)
+
+
+def test_the_image_example_prefers_an_answer_that_says_something(
+    first_run: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A right but empty answer ("four things") is shown only when no image gets a right
+    answer that names at least EXAMPLE_ATTRIBUTES shape, colour or size words."""
+    cache, _ = first_run
+    examples = load_examples(DemoPaths(cache))
+    own = {path.stem: [c for c in examples.caption_by_id.values() if c.image_id == path.stem]
+           for path in examples.images}  # fmt: skip
+    vague = next(p for p in examples.images if any(attributes_named(c) < 2 for c in own[p.stem]))
+    telling = next(
+        p for p in examples.images
+        if p != vague and any(attributes_named(c) >= EXAMPLE_ATTRIBUTES for c in own[p.stem])
+    )  # fmt: skip
+
+    def answered_with(image: Path, informative: bool) -> dict:
+        """An answered response whose first caption is one of the image's own."""
+        caption = next(c for c in own[image.stem] if (attributes_named(c) >= 2) is informative)
+        return {"query": {"rejected": False}, "results": [{"id": caption.id}]}
+
+    bodies = {vague: answered_with(vague, False), telling: answered_with(telling, True)}
+    monkeypatch.setattr("service.demo._upload", lambda http, url, image: bodies[image])
+    pair = dataclasses.replace(examples, images=[vague, telling])
+    assert _answered_image(None, "", pair) == (telling, bodies[telling])
+    alone = dataclasses.replace(examples, images=[vague])
+    assert _answered_image(None, "", alone) == (vague, bodies[vague])
 
 
 def test_first_run_activates_calibrated_versions(first_run: tuple[Path, str]) -> None:

@@ -184,6 +184,10 @@ def test_an_uploaded_image_shows_captions(
     captions = [c.find_element(By.CSS_SELECTOR, ".caption").text for c in cards(page, "image")]
     assert captions == [hit["metadata"]["text"] for hit in answer["results"]]
     assert all(captions)
+    metric = page.find_element(By.ID, "metric")  # untouched: each gallery's default metric
+    assert metric.get_attribute("value") == ""
+    default = metric.find_elements(By.TAG_NAME, "option")[0].text
+    assert default == f"default ({answer['metric']})"
     preview = page.find_element(By.ID, "query-preview")
     assert preview.is_displayed() and image_path.name in preview.get_attribute("alt")
     assert len(page.find_elements(By.CSS_SELECTOR, "#grid .uncertainty")) == 10
