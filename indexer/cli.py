@@ -67,7 +67,13 @@ def reindex(
     ],
     model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
     index_root: RootOpt = None,
-    metrics: Annotated[str, typer.Option(help="Comma-separated metrics to serve.")] = "w2",
+    metrics: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated metrics to serve (default: the one the model ranks this "
+            "gallery with)."
+        ),
+    ] = "",
     index_type: Annotated[str, typer.Option(help="auto|flat|ivf|ivfsq|hnsw|ivfpq")] = "auto",
     dtype: Annotated[str, typer.Option(help="float32|float16 for mu.npy/logvar.npy.")] = "float32",
     batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = 64,
@@ -95,14 +101,16 @@ def reindex(
 
     settings = ProbsearchSettings()
     apply_thread_budget(thread_budget("batch", settings.threads))
+    model_dir = _resolve(model, settings.model, "--model", "PROBSEARCH_MODEL")
+    served = tuple(m.strip() for m in metrics.split(",") if m.strip())
     job = ReindexJob(
         modality=modality,
         source=source,
-        model_dir=_resolve(model, settings.model, "--model", "PROBSEARCH_MODEL"),
+        model_dir=model_dir,
         index_root=_resolve(
             index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT"
         ),
-        metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()),
+        metrics=served or _run(lambda: _default_metrics(model_dir, modality)),
         index_type=index_type,
         dtype=dtype,
         batch_size=batch_size,
@@ -135,6 +143,17 @@ def reindex(
     )
     if result.calibration_note:
         typer.echo(f"calibration: {result.calibration_note}")
+
+
+def _default_metrics(model_dir: Path, modality: str) -> tuple[str, ...]:
+    """The metric the model ranks this gallery with (ModelConfig.default_metric), so the
+    service's default works on the new version; w2 for a pvse model (max_pair is searched
+    from the multi-vector index every version has)."""
+    from models.distance.gaussian import METRICS
+    from models.networks.model_config import ModelConfig
+
+    metric = ModelConfig.load(model_dir).default_metric(modality)
+    return (metric if metric in METRICS else "w2",)
 
 
 def _registry(index_root: Path | None, redis_url: str | None):

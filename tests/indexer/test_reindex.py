@@ -75,6 +75,25 @@ def test_text_gallery_from_a_dataset_dir(tmp_path, small_shapes, random_model, r
     )
 
 
+def test_without_metrics_each_gallery_gets_the_models_metric_for_it(
+    tmp_path, small_shapes, random_model
+) -> None:
+    """A model that ranks image queries with kl gets a kl index for its caption gallery, so the
+    service's default works on it; the image gallery keeps the model's w2."""
+    import dataclasses
+
+    from models.networks.model_config import ModelConfig
+
+    model = tmp_path / "model"
+    shutil.copytree(random_model, model)
+    dataclasses.replace(ModelConfig.load(model), image_query_metric="kl").save(model)
+    for modality, metric in (("text", "kl"), ("image", "w2")):
+        result = reindex("--modality", modality, "--source", str(small_shapes), "--model",
+                         str(model), "--index-root", str(tmp_path / "idx"))  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert open_version(only_version(tmp_path / "idx", modality)).manifest.metrics == (metric,)
+
+
 def test_image_folder_with_broken_files(tmp_path, small_shapes, random_model) -> None:
     folder = tmp_path / "photos"
     shutil.copytree(small_shapes / "images", folder)
