@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -41,6 +42,34 @@ FIGURES = (  # (direction, retrieval key, column title)
     ("t2i", "pmrp", "t2i PMRP"),
     ("i2t", "pmrp", "i2t PMRP"),
 )
+AMBIGUITY = (  # what issue 12 asks of the variance (n/a for a model without one)
+    "Spearman(caption log-det, ln #plausible)",
+    "Spearman(image log-det, ln #plausible)",
+    'crop: "A" log-det > "A and B" (%)',
+    "images with a dimension at a bound (%)",
+    "captions with a dimension at a bound (%)",
+)
+
+
+def ambiguity_figures(report: dict, ranked: dict[str, str], has_variance: bool) -> list[float]:
+    """The AMBIGUITY columns of one evaluation report (NaN for a point embedding)."""
+    nan = float("nan")
+    if not has_variance:
+        return [nan] * len(AMBIGUITY)
+
+    def spearman(direction: str) -> float:
+        section = report["metrics"][ranked[direction]][direction]
+        value = section.get("ambiguity_spearman", {}).get("log_det")
+        return nan if value is None else value
+
+    crop = (report.get("crop") or {}).get("log_det", {}).get("text", {})
+    at_bound = {m: v.get("at_bound") for m, v in report.get("log_det", {}).items()}
+    return [
+        spearman("t2i"),
+        spearman("i2t"),
+        100 * crop["a_larger"] if "a_larger" in crop else nan,
+        *(nan if at_bound.get(m) is None else 100 * at_bound[m] for m in ("image", "text")),
+    ]
 
 
 def run_one(
@@ -79,12 +108,21 @@ def run_one(
     config = EvalConfig(metrics=tuple(dict.fromkeys(ranked.values())), mc_samples=0, seed=seed)
     report = evaluate_model(model_dir, data, split, config)
     figures = [report["metrics"][ranked[d]][d]["retrieval"][key] for d, key, _ in FIGURES]
-    return {"recipe": recipe.name, "seed": seed, "figures": figures, "train_s": train_s}
+    return {
+        "recipe": recipe.name,
+        "seed": seed,
+        "figures": figures,
+        "ambiguity": ambiguity_figures(report, ranked, model_config.model_type != "vse"),
+        "train_s": train_s,
+    }
 
 
-def summary(values: list[float]) -> str:
+def summary(values: list[float], digits: int = 1) -> str:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "n/a"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.1f} ± {sd:.1f}"
+    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
 def render(args: argparse.Namespace, results: list[dict], load: float, seconds: float) -> str:
@@ -108,6 +146,18 @@ def render(args: argparse.Namespace, results: list[dict], load: float, seconds: 
         cells = [summary([r["figures"][i] for r in runs]) for i in range(len(FIGURES))]
         minutes = summary([r["train_s"] / 60 for r in runs])
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {minutes} |")
+    lines += [
+        "",
+        "| recipe | " + " | ".join(AMBIGUITY) + " |",
+        "| --- " * (len(AMBIGUITY) + 1) + "|",
+    ]
+    for name in args.recipes:
+        runs = [r for r in results if r["recipe"] == name]
+        digits = (2, 2, 1, 1, 1)
+        cells = [
+            summary([r["ambiguity"][i] for r in runs], digits[i]) for i in range(len(AMBIGUITY))
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     recipes = {r.name: r for r in RECIPES}
     lines += ["", "Recipes (changes to service.demo.demo_model):"]
     lines += [
