@@ -1,5 +1,6 @@
 """Redis result cache that fails open: when Redis is down the service answers without it."""
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -77,6 +78,9 @@ class ResultCache:
 
     Every Redis failure is logged once per outage, counted, and turned into a cache miss;
     while Redis is down, attempts are spaced by an exponential backoff.
+
+    `store` writes behind: a search answers without waiting for Redis, and until the write is
+    done `get` finds the body in process, so the same request sent right after is a hit.
     """
 
     def __init__(
@@ -91,6 +95,8 @@ class ResultCache:
         self._metrics = metrics
         self._backoff = Backoff(maximum_s=backoff_max_s)
         self._client: aioredis.Redis | None = None
+        self._pending: dict[str, bytes] = {}  # written behind, not yet acknowledged by Redis
+        self._writes: set[asyncio.Task] = set()
         if redis_url is not None and ttl_s > 0:
             self._client = aioredis.Redis.from_url(
                 redis_url, **redis_connection_kwargs(socket_timeout_s, asynchronous=True)
@@ -103,6 +109,9 @@ class ResultCache:
 
     async def get(self, key: str) -> bytes | None:
         """The cached body under `key`, or None on a miss or while Redis is unavailable."""
+        if key in self._pending:
+            self._metrics.cache_hits.inc()
+            return self._pending[key]
         if self._client is None or not self._backoff.ready():
             return None
         try:
@@ -128,12 +137,27 @@ class ResultCache:
             return
         self._on_success()
 
+    def store(self, key: str, body: bytes) -> None:
+        """`set` in the background: the caller does not wait for Redis (see the class doc)."""
+        if self._client is None or not self._backoff.ready() or key in self._pending:
+            return
+        self._pending[key] = body
+        task = asyncio.get_running_loop().create_task(self.set(key, body))
+        self._writes.add(task)
+        task.add_done_callback(lambda done: self._written(key, done))
+
+    def _written(self, key: str, task: asyncio.Task) -> None:
+        self._writes.discard(task)
+        self._pending.pop(key, None)
+
     def recover(self) -> None:
         """Redis answers again (service.redis_health): try it on the next request."""
         self._backoff.succeeded()
 
     async def close(self) -> None:
-        """Close the connection pool."""
+        """Finish the writes under way, then close the connection pool."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
 

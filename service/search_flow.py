@@ -91,7 +91,7 @@ async def answer(
     start: float,
     extra_encode_ms: float = 0.0,
 ) -> Answer:
-    """Cache lookup, micro-batched search, response body, cache store."""
+    """Cache lookup, micro-batched search, response body, cache store (written behind)."""
     version = services.holder.versions().get(gallery)
     if version is None:
         raise IndexUnavailableError(services.holder.unavailable_message(gallery))
@@ -99,7 +99,7 @@ async def answer(
     # never change them); the cache key covers the whole canonical request.
     query_part = {"kind": kind, "model": services.model_name, "mc": params.mc_samples, **payload}
     seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
-    request_hash = _digest({**query_part, "gallery": gallery, "params": dataclasses.asdict(params)})
+    request_hash = _digest({**query_part, "gallery": gallery, "params": vars(params)})
     cached = await services.cache.get(cache_key(version, request_hash))
     if cached is not None:
         return Answer(cached, cache_hit=True)
@@ -109,7 +109,7 @@ async def answer(
     outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
     body = _response(outcome, params, services.model_name).model_dump_json().encode()
     _observe(services, outcome)
-    await services.cache.set(cache_key(outcome.index_version, request_hash), body)
+    services.cache.store(cache_key(outcome.index_version, request_hash), body)
     return Answer(body, cache_hit=False)
 
 

@@ -169,6 +169,35 @@ def test_cache_round_trip_and_fail_open(redis_url: str) -> None:
     assert errors == 1
 
 
+def test_cache_store_writes_behind_and_reads_its_own_writes(redis_url: str) -> None:
+    """store() returns before Redis has the body, get() finds it meanwhile, and the write
+    lands in Redis (read back by a client of its own); close() waits for writes under way."""
+    import redis
+
+    async def scenario() -> tuple[bytes | None, bytes | None]:
+        cache = ResultCache(redis_url, ttl_s=60, metrics=ServiceMetrics())
+        key = cache_key("v-behind", "request")
+        cache.store(key, b'{"a": 1}')
+        in_flight = await cache.get(key)  # the write has not reached Redis yet
+        await cache.close()
+        return in_flight, redis.Redis.from_url(redis_url).get(key)
+
+    in_flight, stored = asyncio.run(scenario())
+    assert in_flight == b'{"a": 1}'
+    assert stored == b'{"a": 1}'
+
+
+def test_cache_store_fails_open_when_redis_is_down() -> None:
+    async def scenario() -> bytes | None:
+        cache = ResultCache("redis://127.0.0.1:1/0", ttl_s=60, metrics=ServiceMetrics())
+        key = cache_key("v1", "down")
+        cache.store(key, b"{}")
+        await cache.close()  # the failed write is finished and forgotten
+        return await cache.get(key)
+
+    assert asyncio.run(scenario()) is None
+
+
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROBSEARCH_API_KEYS", "first-key-0123456789, second-key-0123456789")
     monkeypatch.setenv("PROBSEARCH_GALLERIES", "text")
