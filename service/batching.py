@@ -29,6 +29,13 @@ class MicroBatcher(Generic[ItemT, ResultT]):
     it runs, the next batch fills up. `thread_initializer` runs once in that thread (per-thread
     settings such as OpenMP's thread count belong there). At most `max_queue` items wait;
     beyond that, submit() raises OverloadedError (HTTP 503) instead of queueing without bound.
+
+    With `inline_when_alone`, an item submitted with `alone=True` (the caller knows no other
+    request is under way) while nothing is queued or running is processed at once on the event
+    loop's thread: a lone request then skips the two thread hand-offs of the worker (0.2-0.7 ms
+    of a 4-5 ms text search on 2 cores). Any other request keeps the worker, so under
+    load the loop stays free to parse requests while a batch runs. `thread_initializer` then
+    also runs once on the loop's thread.
     """
 
     def __init__(
@@ -41,6 +48,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         on_batch: Callable[[int], None] | None = None,
         name: str = "batcher",
         thread_initializer: Callable[[], object] | None = None,
+        inline_when_alone: bool = False,
     ) -> None:
         if max_size < 1 or max_wait_s < 0:
             raise ValueError("max_size must be >= 1 and max_wait_s >= 0")
@@ -51,7 +59,9 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._on_batch = on_batch
         self._name = name
         self._thread_initializer = thread_initializer
+        self._inline_when_alone = inline_when_alone
         self._last_batch_size = 0
+        self._busy = False  # a batch is being gathered or processed
         self._queue: asyncio.Queue[tuple[ItemT, asyncio.Future]] | None = None
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -63,6 +73,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
             max_workers=1, thread_name_prefix=self._name, initializer=self._thread_initializer
         )
         self._task = asyncio.create_task(self._run(), name=self._name)
+        if self._inline_when_alone and self._thread_initializer is not None:
+            self._thread_initializer()
 
     async def stop(self) -> None:
         """Stop gathering; items still waiting fail with OverloadedError."""
@@ -78,10 +90,12 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    async def submit(self, item: ItemT) -> ResultT:
-        """Queue `item` and wait for its result (or its error)."""
+    async def submit(self, item: ItemT, *, alone: bool = False) -> ResultT:
+        """Queue `item` and wait for its result (or its error); `alone`: see the class doc."""
         if self._queue is None or self._task is None or self._task.done():
             raise OverloadedError("the search worker is not running; retry shortly")
+        if alone and self._inline_when_alone and self._queue.empty() and not self._busy:
+            return self._process_now(item)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         try:
             self._queue.put_nowait((item, future))
@@ -90,6 +104,20 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                 f"too many queued searches (more than {self._max_queue}); retry shortly"
             ) from None
         return await future
+
+    def _process_now(self, item: ItemT) -> ResultT:
+        """A batch of one on the calling (event loop) thread."""
+        self._last_batch_size = 1
+        try:
+            (result,) = self._process([item])
+        except Exception as error:
+            log.exception("batch of 1 item failed")
+            result = error
+        if self._on_batch is not None:
+            self._on_batch(1)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def _run(self) -> None:
         assert self._queue is not None
@@ -114,12 +142,14 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+            self._busy = False
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[tuple[ItemT, asyncio.Future]]:
         """Wait for a first item, then collect what is queued, and under load (the last batch
         held more than one item) what arrives until the batch is full or the wait ends."""
         assert self._queue is not None
         batch = [await self._queue.get()]
+        self._busy = True
         wait_s = self._max_wait_s if self._last_batch_size > 1 else 0.0
         deadline = loop.time() + wait_s
         while len(batch) < self._max_size:

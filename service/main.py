@@ -168,6 +168,9 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
             on_batch=metrics.batch_size.observe,
             name=name,
             thread_initializer=lambda: apply_thread_budget(threads),  # OpenMP's count is per thread
+            # A lone caption or embedding query is quick enough to run on the event loop; an
+            # image query with MC draws is not (it would hold up every other request).
+            inline_when_alone=settings.batch_inline_when_alone and name == "search-batcher",
         )
         for name in ("search-batcher", "image-batcher")
     )

@@ -1,6 +1,7 @@
 """A search below the HTTP edge: limits and defaults of the options, the query's seed, the
 result cache, the micro-batchers and the response body. Route handlers parse and answer."""
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -92,6 +93,24 @@ async def answer(
     extra_encode_ms: float = 0.0,
 ) -> Answer:
     """Cache lookup, micro-batched search, response body, cache store (written behind)."""
+    services.searches_in_flight += 1
+    try:
+        return await _answer(services, kind, gallery, params, payload, make_query, start,
+                             extra_encode_ms)  # fmt: skip
+    finally:
+        services.searches_in_flight -= 1
+
+
+async def _answer(
+    services: Services,
+    kind: str,
+    gallery: str,
+    params: SearchParams,
+    payload: dict[str, Any],
+    make_query: Callable[[int], Query],
+    start: float,
+    extra_encode_ms: float,
+) -> Answer:
     version = services.holder.versions().get(gallery)
     if version is None:
         raise IndexUnavailableError(services.holder.unavailable_message(gallery))
@@ -104,13 +123,25 @@ async def answer(
     if cached is not None:
         return Answer(cached, cache_hit=True)
     batcher = services.image_batcher if kind == "image" else services.batcher
-    outcome = await batcher.submit(make_query(seed))
+    outcome = await batcher.submit(make_query(seed), alone=await _alone(services))
     outcome.timings_ms["encode"] += extra_encode_ms
     outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
     body = _response(outcome, params, services.model_name).model_dump_json().encode()
     _observe(services, outcome)
     services.cache.store(cache_key(outcome.index_version, request_hash), body)
     return Answer(body, cache_hit=False)
+
+
+async def _alone(services: Services) -> bool:
+    """Whether no other search is under way, so that this one may skip the batcher's worker
+    thread (service.batching). Requests already received but not yet counted (the loop was
+    busy) get one turn of the loop to reach answer() and count themselves first; otherwise,
+    with no await on their way (no cache), every request of a burst would find itself alone
+    and run on the loop one after another."""
+    if services.searches_in_flight > 1:
+        return False
+    await asyncio.sleep(0)
+    return services.searches_in_flight == 1
 
 
 def _response(outcome: Outcome, params: SearchParams, model_name: str) -> SearchResponse:

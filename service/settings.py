@@ -97,6 +97,9 @@ class Settings(ProbsearchSettings):
     # Micro-batching.
     batch_max_size: int = Field(32, ge=1)
     batch_max_wait_ms: float = Field(5.0, ge=0)
+    # A caption or embedding query with no other search under way runs on the event loop
+    # instead of the batcher's worker thread (service.batching: two thread hand-offs fewer).
+    batch_inline_when_alone: bool = True
 
     # Re-rank of metrics without a native index (bhattacharyya, elk, match_prob).
     candidate_metric: str = "w2"

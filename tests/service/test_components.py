@@ -104,6 +104,47 @@ def test_batcher_runs_its_thread_initializer_in_the_worker_thread() -> None:
     assert [asyncio.run(scenario())] == seen
 
 
+def test_batcher_runs_a_lone_item_on_the_loop_and_anything_else_in_its_worker() -> None:
+    """inline_when_alone: an item submitted alone while the batcher is idle runs on the event
+    loop's thread (the thread initializer ran there too), its error raised as is; an item not
+    alone, or one submitted while a batch is running, goes to the worker."""
+    release = threading.Event()
+    initialized: list[int] = []
+
+    def process(items):
+        if items == [-1]:
+            raise ValueError("bad item")
+        if 0 in items:
+            release.wait(5)
+        return [threading.get_ident() for _ in items]
+
+    async def scenario():
+        batcher = MicroBatcher(
+            process, max_size=4, max_wait_s=0, inline_when_alone=True,
+            thread_initializer=lambda: initialized.append(threading.get_ident()),
+        )  # fmt: skip
+        await batcher.start()
+        try:
+            alone = await batcher.submit(1, alone=True)
+            with pytest.raises(ValueError, match="bad item"):
+                await batcher.submit(-1, alone=True)
+            not_alone = await batcher.submit(2)
+            running = asyncio.create_task(batcher.submit(0))
+            await asyncio.sleep(0.05)  # item 0 holds the worker
+            behind = asyncio.create_task(batcher.submit(3, alone=True))
+            await asyncio.sleep(0.05)
+            assert not behind.done()  # it waits for the worker instead of running inline
+            release.set()
+            return alone, not_alone, await running, await behind
+        finally:
+            await batcher.stop()
+
+    loop_thread = threading.get_ident()  # asyncio.run runs its loop on this thread
+    alone, not_alone, running, behind = asyncio.run(scenario())
+    assert alone == loop_thread and initialized[0] == loop_thread
+    assert not_alone != loop_thread and running == not_alone and behind == not_alone
+
+
 def test_batcher_refuses_work_beyond_its_queue() -> None:
     release = threading.Event()
 

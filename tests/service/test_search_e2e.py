@@ -199,7 +199,10 @@ def test_mc_draws_do_not_depend_on_the_micro_batch(artifacts: Artifacts) -> None
 
     from tests.service.conftest import make_settings
 
-    settings = make_settings(artifacts, cache_ttl_s=0, batch_max_wait_ms=200.0)
+    # Inline queries are batches of one; this test needs batches of several.
+    settings = make_settings(
+        artifacts, cache_ttl_s=0, batch_max_wait_ms=200.0, batch_inline_when_alone=False
+    )
     texts = ["two yellow stars", "a red circle", "a blue box above a green ball", "shapes"]
     with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=60) as http:
 
