@@ -6,7 +6,8 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,43 +94,37 @@ async def answer(
     extra_encode_ms: float = 0.0,
 ) -> Answer:
     """Cache lookup, micro-batched search, response body, cache store (written behind)."""
-    services.searches_in_flight += 1
-    try:
-        return await _answer(services, kind, gallery, params, payload, make_query, start,
-                             extra_encode_ms)  # fmt: skip
-    finally:
-        services.searches_in_flight -= 1
-
-
-async def _answer(
-    services: Services,
-    kind: str,
-    gallery: str,
-    params: SearchParams,
-    payload: dict[str, Any],
-    make_query: Callable[[int], Query],
-    start: float,
-    extra_encode_ms: float,
-) -> Answer:
-    version = services.holder.versions().get(gallery)
-    if version is None:
-        raise IndexUnavailableError(services.holder.unavailable_message(gallery))
-    # The MC draws depend on the query itself only (so k, the metric or a threshold override
-    # never change them); the cache key covers the whole canonical request.
-    query_part = {"kind": kind, "model": services.model_name, "mc": params.mc_samples, **payload}
-    seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
-    request_hash = _digest({**query_part, "gallery": gallery, "params": vars(params)})
-    cached = await services.cache.get(cache_key(version, request_hash))
-    if cached is not None:
-        return Answer(cached, cache_hit=True)
-    batcher = services.image_batcher if kind == "image" else services.batcher
-    outcome = await batcher.submit(make_query(seed), alone=await _alone(services))
+    with _in_flight(services):
+        version = services.holder.versions().get(gallery)
+        if version is None:
+            raise IndexUnavailableError(services.holder.unavailable_message(gallery))
+        # The MC draws depend on the query itself only (so k, the metric or a threshold
+        # override never change them); the cache key covers the whole canonical request.
+        query_part = {"kind": kind, "model": services.model_name, "mc": params.mc_samples}
+        query_part.update(payload)
+        seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
+        request_hash = _digest({**query_part, "gallery": gallery, "params": vars(params)})
+        cached = await services.cache.get(cache_key(version, request_hash))
+        if cached is not None:
+            return Answer(cached, cache_hit=True)
+        batcher = services.image_batcher if kind == "image" else services.batcher
+        outcome = await batcher.submit(make_query(seed), alone=await _alone(services))
     outcome.timings_ms["encode"] += extra_encode_ms
     outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
     body = _response(outcome, params, services.model_name).model_dump_json().encode()
     _observe(services, outcome)
     services.cache.store(cache_key(outcome.index_version, request_hash), body)
     return Answer(body, cache_hit=False)
+
+
+@contextmanager
+def _in_flight(services: Services) -> Iterator[None]:
+    """Counts the searches between cache lookup and result (Services.searches_in_flight)."""
+    services.searches_in_flight += 1
+    try:
+        yield
+    finally:
+        services.searches_in_flight -= 1
 
 
 async def _alone(services: Services) -> bool:

@@ -29,4 +29,4 @@ class Services:
     decoder: ImageDecoder
     image_batcher: MicroBatcher[Query, Outcome]  # image queries; text and embeddings: batcher
     redis_health: RedisHealth | None = None
-    searches_in_flight: int = 0  # inside service.search_flow.answer
+    searches_in_flight: int = 0  # between cache lookup and result (service.search_flow)
