@@ -96,7 +96,10 @@ class Settings(ProbsearchSettings):
 
     # Micro-batching.
     batch_max_size: int = Field(32, ge=1)
-    batch_max_wait_ms: float = Field(5.0, ge=0)
+    # 0: a batch takes what has arrived and waits for nothing (service.batching: a window
+    # only delayed queries at low concurrency on CPU; it may pay where a batch costs about
+    # the same as one query, e.g. on a GPU).
+    batch_max_wait_ms: float = Field(0.0, ge=0)
     # A caption or embedding query with no other search under way runs on the event loop
     # instead of the batcher's worker thread (service.batching: two thread hand-offs fewer).
     batch_inline_when_alone: bool = True

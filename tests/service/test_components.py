@@ -85,6 +85,36 @@ def test_batcher_holds_no_lone_request_but_waits_under_load() -> None:
     assert batches == [[0], [1, 2], [3, 4]]
 
 
+def test_batcher_without_a_window_batches_what_arrived_while_the_last_batch_ran() -> None:
+    """max_wait_s=0 (the service's default): the items submitted while a batch runs form the
+    next batch together, and after that batch of several a lone item is not held back."""
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def process(items):
+        batches.append(list(items))
+        if items == [0]:
+            release.wait(5)
+        return list(items)
+
+    async def scenario():
+        batcher = MicroBatcher(process, max_size=8, max_wait_s=0)
+        await batcher.start()
+        try:
+            first = asyncio.create_task(batcher.submit(0))
+            await asyncio.sleep(0.05)  # item 0 holds the worker
+            queued = [asyncio.create_task(batcher.submit(i)) for i in (1, 2, 3)]
+            await asyncio.sleep(0.05)
+            release.set()
+            await asyncio.wait_for(asyncio.gather(first, *queued), timeout=10)
+            return await asyncio.wait_for(batcher.submit(4), timeout=1)
+        finally:
+            await batcher.stop()
+
+    assert asyncio.run(scenario()) == 4
+    assert batches == [[0], [1, 2, 3], [4]]
+
+
 def test_batcher_runs_its_thread_initializer_in_the_worker_thread() -> None:
     seen: list[int] = []
 
