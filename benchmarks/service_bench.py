@@ -15,9 +15,11 @@ to benchmarks/results/service_bench.md with the machine, load average and comman
 
 Scenarios (--scenarios): main (text/image/embedding x 0/16 draws x cache miss/hit x
 --concurrency, plus the no-op endpoint), threads (PROBSEARCH_THREADS sweep, text 16 draws at
-c=1 and 16), batching (PROBSEARCH_BATCH_MAX_SIZE=1 vs default), open-loop (--rate per second,
-Poisson arrivals), gallery (a synthetic gallery of --gallery-size Gaussians, 1M by default,
-searched through /search/embedding with w2 and kl; building it takes minutes, cached).
+c=1 and 16), batching (PROBSEARCH_BATCH_MAX_SIZE=1 vs default), window (the batcher
+waiting 5 ms for company under load vs the default of no wait, text 16 draws at c=2-64),
+open-loop (--rate per second, Poisson arrivals), gallery (a synthetic gallery of
+--gallery-size Gaussians, 1M by default, searched through /search/embedding with w2 and kl;
+building it takes minutes, cached).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from service_bench_setup import (  # noqa: E402
     synthetic_gallery,
 )
 
-SCENARIOS = ("main", "threads", "batching", "open-loop", "gallery")
+SCENARIOS = ("main", "threads", "batching", "window", "open-loop", "gallery")
 DEFAULT_SCENARIOS = "main,threads,batching,open-loop"
 ENDPOINTS = ("text", "image", "embedding")
 DRAWS = (0, 16)
@@ -87,6 +89,8 @@ class ServerConfig:
 
 DEFAULT_SERVER = ServerConfig("default")
 UNBATCHED_SERVER = ServerConfig("batch_max_size=1", (("PROBSEARCH_BATCH_MAX_SIZE", "1"),))
+WINDOW_SERVER = ServerConfig("batch_max_wait_ms=5", (("PROBSEARCH_BATCH_MAX_WAIT_MS", "5"),))
+BATCH_VARIANTS = (UNBATCHED_SERVER, WINDOW_SERVER)  # same threads as default: no raw parts
 GALLERY_SERVER = ServerConfig("gallery", (("PROBSEARCH_GALLERIES", "image"),), gallery=True)
 
 
@@ -159,6 +163,12 @@ def plan_cells(args: argparse.Namespace) -> dict[str, list[Cell]]:
                 cells["batching"] += [
                     replace(text16, server=server, concurrency=c, background=background)
                     for c in (1, 16, 64)
+                ]
+        if "window" in cells:
+            for server in (DEFAULT_SERVER, WINDOW_SERVER):
+                cells["window"] += [
+                    replace(text16, server=server, concurrency=c, background=background)
+                    for c in (2, 4, 16, 64)
                 ]
         if "open-loop" in cells:
             cells["open-loop"].append(
@@ -339,7 +349,7 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
         context = ServerContext(args, art, redis_url, logs, state, secrets.token_hex(4))
         for config in dict.fromkeys(cell.server for cell in unique):
             own = [c for c in unique if c.server == config and c not in compared]
-            needs_raw = not config.gallery and config != UNBATCHED_SERVER
+            needs_raw = not config.gallery and config not in BATCH_VARIANTS
             with context.started(config) if own else contextlib.nullcontext() as up:
                 for background in sorted({c.background for c in unique if c.server == config}):
                     with background_load(background):
@@ -357,7 +367,7 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
             run_rounds(context, compared)
 
 
-COMPARED = ("threads", "batching")  # scenarios whose cells are measured in rounds
+COMPARED = ("threads", "batching", "window")  # scenarios whose cells are measured in rounds
 
 
 def run_rounds(context: ServerContext, cells: list[Cell]) -> None:

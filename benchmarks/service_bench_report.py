@@ -32,6 +32,8 @@ SCENARIO_TITLES = {
     "main": "Endpoints x draws x cache x concurrency (shipped settings)",
     "threads": "Thread setting sweep (PROBSEARCH_THREADS), text with 16 draws, cache misses",
     "batching": "Micro-batching off (batch_max_size=1) vs on (default), text with 16 draws",
+    "window": "Batcher window: 5 ms under load (batch_max_wait_ms=5) vs none (default), "
+    "text with 16 draws, cache misses",
     "open-loop": "Offered rate (open loop, Poisson arrivals), text with 16 draws, cache misses",
     "gallery": "Synthetic gallery through /search/embedding, cache misses",
 }
@@ -246,11 +248,12 @@ def checks(args, state: RunState) -> list[str]:
 
 
 def rounds_line(args) -> str:
-    """How the cells of the threads and batching scenarios were measured."""
+    """How the cells of the threads, batching and window scenarios were measured."""
     if not args.rounds:
         return "- rounds: none; each server's cells ran in one pass, one server after another"
     return (
-        f"- rounds: the cells of the threads and batching scenarios ran in {args.rounds} rounds"
+        f"- rounds: the cells of the threads, batching and window scenarios ran in {args.rounds}"
+        " rounds"
         " with all their servers up, each round in an order rotated by one cell, so a drift"
         " of the shared machine reaches every setting alike; their figures are medians over"
         " the rounds (n and errors: sums); a shipped-defaults cell they share with main is"

@@ -25,12 +25,13 @@ class MicroBatcher(Generic[ItemT, ResultT]):
     runs, the next fills with what arrives, so batches grow with the load and a lone request
     is never held back. With `max_wait_s` > 0 a batch also waits up to that long after its
     first item for more, but only under load, i.e. when the previous batch held more than one
-    item. The service's default is no wait: measured on 2 cores (demo text search, 16 draws),
-    a 5 ms wait raised p50 at 2 clients from 5.0 to 8.7 ms (the batch waits for items that
-    cannot come while both clients are in it) and gained nothing at 64 (1115 against
-    1067-1105 QPS; without batching 359). `process` runs in a dedicated worker thread, never
-    on the event loop. `thread_initializer` runs once in that thread (per-thread
-    settings such as OpenMP's thread count belong there). At most `max_queue` items wait;
+    item. The service's default is no wait: on 2 cores (demo text search, 16 draws;
+    benchmarks/results/service_bench_window.md) a 5 ms wait raised p50 at 2 clients from 5.5
+    to 8.3 ms (the batch waits for items that cannot come while both clients are in it), cut
+    QPS at 4 and 16 clients by a third and a fifth, and gained nothing at 64 (1044 against
+    1078 QPS). `process` runs in a dedicated worker thread, never on the event loop.
+    `thread_initializer` runs once in that thread (per-thread settings such as OpenMP's thread
+    count belong there). At most `max_queue` items wait;
     beyond that, submit() raises OverloadedError (HTTP 503) instead of queueing without bound.
 
     With `inline_when_alone`, an item submitted with `alone=True` (the caller knows no other
