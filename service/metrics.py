@@ -56,7 +56,7 @@ class ServiceMetrics:
         self.cache_misses = Counter("probsearch_cache_misses", "Result cache misses.", registry=reg)
         self.rejections = Counter(
             "probsearch_rejections",
-            "Queries flagged rejected (MI above threshold).",
+            "Queries flagged rejected (their reject score above its threshold).",
             ["gallery"],
             registry=reg,
         )
@@ -84,6 +84,15 @@ class ServiceMetrics:
         self.index_swaps = Counter(
             "probsearch_index_swaps", "Index versions swapped in.", ["modality"], registry=reg
         )
+        # Looked up once: a labels() call per stage and search cost more than the observations.
+        self._stage_children = {stage: self.stage_latency.labels(stage=stage) for stage in STAGES}
+
+    def observe_stage(self, stage: str, ms: float) -> None:
+        """Record `ms` milliseconds spent in a pipeline stage (one of STAGES)."""
+        child = self._stage_children.get(stage)
+        if child is None:
+            child = self._stage_children[stage] = self.stage_latency.labels(stage=stage)
+        child.observe(ms / 1000)
 
     def set_active_version(self, modality: str, version: str, previous: str | None) -> None:
         """Point the active-version gauge of `modality` at `version`."""

@@ -181,6 +181,6 @@ def _response(outcome: Outcome, params: SearchParams, model_name: str) -> Search
 
 def _observe(services: Services, outcome: Outcome) -> None:
     for stage, ms in outcome.timings_ms.items():
-        services.metrics.stage_latency.labels(stage=stage).observe(ms / 1000)
+        services.metrics.observe_stage(stage, ms)
     if outcome.reject_score.rejected:
         services.metrics.rejections.labels(gallery=GALLERY_OF_KIND.get(outcome.kind, "")).inc()

@@ -73,7 +73,7 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     decode_start = time.perf_counter()
     image = await decode_image(data, services)
     decode_ms = 1000 * (time.perf_counter() - decode_start)
-    services.metrics.stage_latency.labels(stage="decode").observe(decode_ms / 1000)
+    services.metrics.observe_stage("decode", decode_ms)
     result = await answer(
         services,
         "image",

@@ -1,0 +1,46 @@
+"""The service benchmark's raw-parts process, run on the session's model and indexes."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.metrics import STAGES, ServiceMetrics
+from tests.service.conftest import Artifacts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def test_raw_parts_and_the_whole_searcher_are_timed_for_both_draw_counts(
+    artifacts: Artifacts,
+) -> None:
+    from service_bench_parts import PARTS, time_parts
+
+    spec = {
+        "threads": "1",
+        "model": str(artifacts.model),
+        "index_root": str(artifacts.index_root),
+        "captions": ["a red circle", "a small blue square"],
+        "iterations": 5,
+    }
+    result = time_parts(spec)
+    for draws in ("L=16", "L=0"):
+        timing = result[draws]
+        assert set(timing["parts_p50"]) == set(PARTS)
+        assert timing["total_p50"] > 0
+        # search_batch does the parts' work and more, so it cannot be much faster than them.
+        assert timing["searcher_p50"] > 0.5 * timing["total_p50"]
+    assert result["threads"]["torch"] == 1
+
+
+@pytest.mark.parametrize("stage", [*STAGES, "a stage not listed"])
+def test_a_stage_observation_lands_in_its_own_histogram(stage: str) -> None:
+    metrics = ServiceMetrics()
+    metrics.observe_stage(stage, 2.0)
+    metrics.observe_stage(stage, 6.0)
+    labels = {"stage": stage}
+    sample = metrics.registry.get_sample_value
+    assert sample("probsearch_stage_latency_seconds_count", labels) == 2
+    assert sample("probsearch_stage_latency_seconds_sum", labels) == pytest.approx(0.008)
+    others = [s for s in STAGES if s != stage]
+    assert all(sample("probsearch_stage_latency_seconds_count", {"stage": s}) == 0 for s in others)
