@@ -1,8 +1,9 @@
-"""FastAPI dependencies: the long-lived services on app.state, API keys, content types.
+"""FastAPI dependencies: the long-lived services on app.state and API keys (the JSON search
+bodies are read by service.json_request).
 
 Every dependency is `async def` although none awaits: FastAPI runs a plain `def` dependency in
-its thread pool, and those hand-offs (four per search) cost more than the search's own
-arithmetic on a small gallery."""
+its thread pool, and those hand-offs cost more than the search's own arithmetic on a small
+gallery."""
 
 import hmac
 from typing import Annotated
@@ -15,7 +16,6 @@ from service.errors import (
     AuthenticationError,
     IndexUnavailableError,
     TooManyFailedAttemptsError,
-    UnsupportedMediaTypeError,
 )
 from service.services import Services
 from service.settings import Settings
@@ -98,21 +98,5 @@ async def require_search_key(
         _check_key(settings, header, bearer)
 
 
-async def require_json(request: Request) -> None:
-    """415 for a body declared as anything but JSON (a missing Content-Type counts as JSON)."""
-    content_type = request.headers.get("content-type")
-    if content_type is not None and not _is_json(content_type):
-        raise UnsupportedMediaTypeError(
-            f"Content-Type {content_type.split(';')[0]!r} is not accepted here; "
-            "send the request body as application/json"
-        )
-
-
-def _is_json(content_type: str) -> bool:
-    media_type = content_type.split(";")[0].strip().lower()
-    return media_type == "application/json" or media_type.endswith("+json")
-
-
 SearchAuth = Depends(require_search_key)
 AdminAuth = Depends(require_admin_key)
-JsonBody = Depends(require_json)

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from models.networks.model_config import ConfigError, ModelConfig
+from service.json_request import add_body_schemas
 from service.settings import Settings
 
 SEARCH_PATHS = ("/search/text", "/search/image", "/search/embedding")
@@ -34,6 +35,7 @@ def install_openapi_limits(app: FastAPI, settings: Settings) -> None:
         schema = get_openapi(
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
+        add_body_schemas(schema)
         apply_limits(schema, settings, _embedding_dim(settings))
         services = getattr(app.state, "services", None)
         if services is not None:

@@ -7,9 +7,10 @@ import time
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from service.deps import JsonBody, ServicesDep
+from service.deps import ServicesDep
 from service.errors import InvalidQueryError
 from service.image_request import decode_image, read_image_request
+from service.json_request import json_body_schema, read_json_request
 from service.schemas import (
     SEARCH_ERROR_RESPONSES,
     EmbeddingSearchRequest,
@@ -46,10 +47,13 @@ _IMAGE_BODY = {
 }
 
 
-@router.post("/text", response_model=SearchResponse, dependencies=[JsonBody])
-async def search_text(body: TextSearchRequest, services: ServicesDep) -> Response:
+@router.post(
+    "/text", response_model=SearchResponse, openapi_extra=json_body_schema(TextSearchRequest)
+)
+async def search_text(request: Request, services: ServicesDep) -> Response:
     """Search the image gallery with a caption."""
     start = time.perf_counter()
+    body = await read_json_request(request, TextSearchRequest)
     check_text(body.text, services.settings)
     params = search_params(body, services, GALLERY_OF_KIND["text"])
     result = await answer(
@@ -87,10 +91,15 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     return _respond(result)
 
 
-@router.post("/embedding", response_model=SearchResponse, dependencies=[JsonBody])
-async def search_embedding(body: EmbeddingSearchRequest, services: ServicesDep) -> Response:
+@router.post(
+    "/embedding",
+    response_model=SearchResponse,
+    openapi_extra=json_body_schema(EmbeddingSearchRequest),
+)
+async def search_embedding(request: Request, services: ServicesDep) -> Response:
     """Search a gallery with a Gaussian (mu, logvar) computed by the caller's own encoder."""
     start = time.perf_counter()
+    body = await read_json_request(request, EmbeddingSearchRequest)
     mu, logvar = _embedding(body, services.settings.max_embedding_dim)
     params = search_params(body, services, body.gallery)
     result = await answer(
