@@ -57,6 +57,7 @@ from load_generator import (  # noqa: E402
     open_loop,
     summarise,
 )
+from service_bench_paired import PREFIX, Paired, measure_paired  # noqa: E402
 from service_bench_setup import (  # noqa: E402
     Artifacts,
     background_load,
@@ -132,6 +133,7 @@ class RunState:
     raw: dict[tuple[str, bool], dict] = field(default_factory=dict)  # (threads, background)
     servers: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> env
     server_threads: dict[str, int] = field(default_factory=dict)  # name -> OS threads at the end
+    paired: dict[tuple[str, bool], Paired] = field(default_factory=dict)  # (threads, bg)
     notes: list[str] = field(default_factory=list)
 
 
@@ -361,6 +363,11 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
                         for cell in own:
                             if cell.background == background:
                                 state.cells[cell] = context.measure(*up[:2], cell)
+                        if needs_raw and own and "main" in plan:
+                            state.paired[(setting, background)] = measure_paired(
+                                up[0], context.env(config), raw_spec(art, setting, 0),
+                                args.warmup, 2 * args.duration, context.nonce,
+                            )  # fmt: skip
                 if up is not None:  # a thread setting shows in the server's thread count
                     state.server_threads[config.name] = up[1].num_threads()
         if compared:
@@ -493,15 +500,20 @@ def setting_env(setting: str) -> tuple[str, str]:
 # ----- raw parts (a process of their own, with the server's environment) ---------------------
 
 
-def raw_parts(env: dict[str, str], art: Artifacts, threads: str, iterations: int) -> dict:
-    """Time the parts of a text query in a fresh process with the server's environment."""
-    spec = {
+def raw_spec(art: Artifacts, threads: str, iterations: int) -> dict:
+    """What the raw-parts process needs (service_bench_parts)."""
+    return {
         "model": str(art.model),
         "index_root": str(art.index_root),
         "captions": art.captions[:200],
         "threads": threads,
         "iterations": iterations,
     }
+
+
+def raw_parts(env: dict[str, str], art: Artifacts, threads: str, iterations: int) -> dict:
+    """Time the parts of a text query in a fresh process with the server's environment."""
+    spec = raw_spec(art, threads, iterations)
     command = [sys.executable, str(Path(__file__).resolve()), "--raw-parts", json.dumps(spec)]
     out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RAW ")]
@@ -524,6 +536,12 @@ def main() -> None:
     args = parse_args()
     if args.raw_parts:
         raw_parts_main(json.loads(args.raw_parts))
+        return
+    if args.raw_parts_serve:
+        from service_bench_parts import serve_queries
+
+        reply = lambda line: print(PREFIX + line, flush=True)  # noqa: E731
+        serve_queries(json.loads(args.raw_parts_serve), sys.stdin, reply)
         return
     from service_bench_report import write_report
 
@@ -605,6 +623,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--note", action="append", default=[], help="a line for the report")
     parser.add_argument("--raw-parts", help=argparse.SUPPRESS)
+    parser.add_argument("--raw-parts-serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
     quick = args.quick
     defaults = {

@@ -15,6 +15,7 @@ cache lookup, response).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import faiss
@@ -63,25 +64,38 @@ def time_parts(spec: dict) -> dict:
         services.decoder.close()
 
 
-def _time(services, loaded, spec: dict, draws: int) -> dict:
-    encoder, searcher, index = services.encoders["text"], services.searcher, loaded.index
-    metric = searcher.default_metric("image")  # text queries search the image gallery
-    shortlist_metric, size = searcher.shortlist_metric(metric), default_shortlist(K)
-    calibration = index.manifest.calibration.get(metric)
-    temperature = calibration.temperature if calibration else DEFAULT_TEMPERATURE
-    captions, device = spec["captions"], searcher.device
-    params = search_params(
-        TextSearchRequest(text="-", k=K, mc_samples=draws), services, GALLERY_OF_KIND["text"]
-    )
-    samples, searcher_ms = [], []
-    for i in range(WARMUP + spec["iterations"]):
+class _TextQueries:
+    """Times one text query at a time: its raw parts, then the whole searcher on it."""
+
+    def __init__(self, services, loaded, captions: list[str], draws: int) -> None:
+        self.encoder, self.searcher, self.index = (
+            services.encoders["text"],
+            services.searcher,
+            loaded.index,
+        )
+        self.metric = self.searcher.default_metric("image")  # text queries search the image gallery
+        self.shortlist_metric = self.searcher.shortlist_metric(self.metric)
+        self.size = default_shortlist(K)
+        calibration = self.index.manifest.calibration.get(self.metric)
+        self.temperature = calibration.temperature if calibration else DEFAULT_TEMPERATURE
+        self.captions, self.draws = captions, draws
+        self.params = search_params(
+            TextSearchRequest(text="-", k=K, mc_samples=draws), services, GALLERY_OF_KIND["text"]
+        )
+
+    def time_one(self, i: int) -> tuple[np.ndarray, float]:
+        """ms of each of PARTS for query i, and ms of Searcher.search_batch on its caption."""
+        index, device, metric, draws = self.index, self.searcher.device, self.metric, self.draws
+        caption = self.captions[i % len(self.captions)]
         t0 = time.perf_counter()
-        out = encoder.encode_texts([f"{captions[i % len(captions)]} raw{i}"], draws, [i])
+        out = self.encoder.encode_texts([f"{caption} raw{i}"], draws, [i])
         mu, logvar = out.mu[0], out.logvar[0]  # (D,)
         t1 = time.perf_counter()
-        _, rows = index.shortlist(shortlist_metric, mu[None], logvar[None], size)  # (1, S)
+        _, rows = index.shortlist(self.shortlist_metric, mu[None], logvar[None], self.size)
         t2 = time.perf_counter()
-        ranked = exact_rerank(metric, mu, logvar, index.mu, index.logvar, rows[0], size, device)
+        ranked = exact_rerank(
+            metric, mu, logvar, index.mu, index.logvar, rows[0], self.size, device
+        )
         t3 = time.perf_counter()
         query = tuple(torch.from_numpy(a).to(device)[None] for a in (mu, logvar))  # (1, D)
         mc = None
@@ -91,25 +105,59 @@ def _time(services, loaded, spec: dict, draws: int) -> dict:
                 for a in (out.mc_mu, out.mc_logvar)
             )  # (L, 1, D)
         candidates = (ranked.mu[None], ranked.logvar[None])
-        shortlist_scores(metric, query, mc, candidates, temperature, out.identical_draws, True)
+        shortlist_scores(metric, query, mc, candidates, self.temperature, out.identical_draws, True)
         t4 = time.perf_counter()
         index.metadata(ranked.rows[:K].tolist())
         t5 = time.perf_counter()
-        text = f"{captions[i % len(captions)]} searcher{i}"
-        (outcome,) = searcher.search_batch([Query("text", "image", params, i, text=text)])
+        search = Query("text", "image", self.params, i, text=f"{caption} searcher{i}")
+        (outcome,) = self.searcher.search_batch([search])
         t6 = time.perf_counter()
         if isinstance(outcome, Exception):
             raise outcome
+        return np.diff([t0, t1, t2, t3, t4, t5]) * 1000, 1000 * (t6 - t5)
+
+
+def _time(services, loaded, spec: dict, draws: int) -> dict:
+    queries = _TextQueries(services, loaded, spec["captions"], draws)
+    samples, searcher_ms = [], []
+    for i in range(WARMUP + spec["iterations"]):
+        parts, whole = queries.time_one(i)
         if i >= WARMUP:
-            samples.append(np.diff([t0, t1, t2, t3, t4, t5]) * 1000)
-            searcher_ms.append(1000 * (t6 - t5))
+            samples.append(parts)
+            searcher_ms.append(whole)
     times = np.array(samples)  # (iterations, parts)
     total = times.sum(axis=1)
     return {
-        "metric": metric,
-        "shortlist": size,
+        "metric": queries.metric,
+        "shortlist": queries.size,
         "parts_p50": dict(zip(PARTS, np.percentile(times, 50, axis=0).tolist(), strict=True)),
         "total_p50": float(np.percentile(total, 50)),
         "total_p95": float(np.percentile(total, 95)),
         "searcher_p50": float(np.percentile(searcher_ms, 50)),
     }
+
+
+def serve_queries(spec: dict, lines: Iterable[str], reply: Callable[[str], None]) -> None:
+    """Paired timing (benchmarks/service_bench_paired.py): after "READY", each line i read
+    answers "<raw parts ms> <whole searcher ms>" of text query i with 16 draws, so that the
+    benchmark can time them in turn with the server's requests."""
+    threads = None if spec["threads"] == "default" else int(spec["threads"])
+    settings = Settings(
+        model=Path(spec["model"]),
+        index_root=Path(spec["index_root"]),
+        galleries=["image"],
+        threads=threads,
+    )
+    services = build_services(settings, ServiceMetrics())
+    try:
+        with services.holder.acquire("image") as loaded:
+            queries = _TextQueries(services, loaded, spec["captions"], DRAWS[0])
+            for i in range(WARMUP):
+                queries.time_one(10**6 + i)  # captions the measured queries do not use
+            reply("READY")
+            for line in lines:
+                parts, whole = queries.time_one(int(line))
+                reply(f"{parts.sum():.6f} {whole:.6f}")
+    finally:
+        services.holder.stop()
+        services.decoder.close()

@@ -1,12 +1,14 @@
 """The service benchmark's raw-parts process, run on the session's model and indexes."""
 
+import math
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from service.metrics import STAGES, ServiceMetrics
-from tests.service.conftest import Artifacts
+from tests.service.conftest import Artifacts, ServerThread, make_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -44,3 +46,40 @@ def test_a_stage_observation_lands_in_its_own_histogram(stage: str) -> None:
     assert sample("probsearch_stage_latency_seconds_sum", labels) == pytest.approx(0.008)
     others = [s for s in STAGES if s != stage]
     assert all(sample("probsearch_stage_latency_seconds_count", {"stage": s}) == 0 for s in others)
+
+
+def test_the_paired_parts_process_answers_each_query_it_is_asked_for(artifacts: Artifacts) -> None:
+    from service_bench_parts import serve_queries
+
+    spec = {
+        "threads": "1",
+        "model": str(artifacts.model),
+        "index_root": str(artifacts.index_root),
+        "captions": ["a red circle", "a small blue square"],
+    }
+    replies: list[str] = []
+    serve_queries(spec, ["0", "1", "7"], replies.append)
+    assert replies[0] == "READY"
+    answers = [[float(x) for x in line.split()] for line in replies[1:]]
+    assert len(answers) == 3
+    assert all(raw > 0 and whole > 0 for raw, whole in answers)
+
+
+def test_requests_and_raw_parts_taken_in_turn_give_every_figure_of_the_ratio(
+    artifacts: Artifacts,
+) -> None:
+    from service_bench_paired import measure_paired
+
+    spec = {
+        "threads": "1",
+        "model": str(artifacts.model),
+        "index_root": str(artifacts.index_root),
+        "captions": ["a red circle", "a small blue square"],
+    }
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with ServerThread(make_settings(artifacts)) as server:
+        paired = measure_paired(server.url, env, spec, 0.2, 1.0, "test")
+    assert paired.count > 5
+    figures = (paired.service_p50, paired.noop_p50, paired.raw_p50, paired.searcher_p50)
+    assert all(math.isfinite(x) and x > 0 for x in figures)
+    assert paired.ratio == paired.service_p50 / (paired.raw_p50 + paired.noop_p50)
