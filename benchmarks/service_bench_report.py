@@ -168,7 +168,7 @@ def paired_table(state: RunState) -> list[str]:
     lines = [
         "### Overhead ratio, taken in turn",
         "",
-        "One text search (16 draws, a new caption), one no-op request, then the raw parts and"
+        "One no-op request, one text search (16 draws, a new caption), then the raw parts and"
         " the whole searcher of a text query in a process of their own, in turn, for twice the"
         " cell duration; p50 of each over the turns (benchmarks/service_bench_paired.py). The"
         " machine's speed drifts between the cells above and the raw-parts loop; here every"
