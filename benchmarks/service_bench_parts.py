@@ -35,6 +35,7 @@ from service.settings import Settings
 PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")
 DRAWS = (16, 0)
 WARMUP = 20
+HOT_OFFSET = 10**7  # query numbers of the hot repeats, apart from every other
 K = 10
 
 
@@ -139,8 +140,9 @@ def _time(services, loaded, spec: dict, draws: int) -> dict:
 
 def serve_queries(spec: dict, lines: Iterable[str], reply: Callable[[str], None]) -> None:
     """Paired timing (benchmarks/service_bench_paired.py): after "READY", each line i read
-    answers "<raw parts ms> <whole searcher ms>" of text query i with 16 draws, so that the
-    benchmark can time them in turn with the server's requests."""
+    answers "<raw parts ms> <whole searcher ms>" of text query i with 16 draws, then the same of
+    another query timed right after it (hot, as in time_parts' loop), so that the benchmark can
+    time them in turn with the server's requests."""
     threads = None if spec["threads"] == "default" else int(spec["threads"])
     settings = Settings(
         model=Path(spec["model"]),
@@ -156,8 +158,9 @@ def serve_queries(spec: dict, lines: Iterable[str], reply: Callable[[str], None]
                 queries.time_one(10**6 + i)  # captions the measured queries do not use
             reply("READY")
             for line in lines:
-                parts, whole = queries.time_one(int(line))
-                reply(f"{parts.sum():.6f} {whole:.6f}")
+                cold = queries.time_one(int(line))
+                hot = queries.time_one(HOT_OFFSET + int(line))
+                reply(" ".join(f"{x:.6f}" for x in (cold[0].sum(), cold[1], hot[0].sum(), hot[1])))
     finally:
         services.holder.stop()
         services.decoder.close()

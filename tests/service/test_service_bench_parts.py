@@ -62,13 +62,14 @@ def test_the_paired_parts_process_answers_each_query_it_is_asked_for(artifacts: 
     assert replies[0] == "READY"
     answers = [[float(x) for x in line.split()] for line in replies[1:]]
     assert len(answers) == 3
-    assert all(raw > 0 and whole > 0 for raw, whole in answers)
+    # raw parts and whole searcher of the query asked for, then of its hot repeat
+    assert all(len(answer) == 4 and min(answer) > 0 for answer in answers)
 
 
 def test_requests_and_raw_parts_taken_in_turn_give_every_figure_of_the_ratio(
     artifacts: Artifacts,
 ) -> None:
-    from service_bench_paired import measure_paired
+    from service_bench_paired import FIGURES, measure_paired
 
     spec = {
         "threads": "1",
@@ -80,6 +81,7 @@ def test_requests_and_raw_parts_taken_in_turn_give_every_figure_of_the_ratio(
     with ServerThread(make_settings(artifacts)) as server:
         paired = measure_paired(server.url, env, spec, 0.2, 1.0, "test")
     assert paired.count > 5
-    figures = (paired.service_p50, paired.noop_p50, paired.raw_p50, paired.searcher_p50)
+    figures = [getattr(paired, name) for name in FIGURES]
     assert all(math.isfinite(x) and x > 0 for x in figures)
-    assert paired.ratio == paired.service_p50 / (paired.raw_p50 + paired.noop_p50)
+    assert paired.ratio == paired.service_hot / (paired.raw_hot + paired.noop_hot)
+    assert paired.ratio_cold == paired.service / (paired.raw + paired.noop)
