@@ -1,6 +1,7 @@
 """The FastAPI app factory: long-lived services built in the lifespan, errors mapped at the edge."""
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -112,6 +113,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     services = await asyncio.to_thread(build_services, settings, app.state.metrics)
     await services.batcher.start()
     await services.image_batcher.start()
+    freeze_startup_heap()
     app.state.services = services
     try:
         yield
@@ -124,6 +126,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(services.decoder.close)
         if services.redis_health is not None:
             await asyncio.to_thread(services.redis_health.stop)
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive after start-up out of the garbage collector's reach.
+
+    The loaded model, indexes and libraries leave about 230 000 tracked objects, and a full
+    collection walked them all: 100 ms on the demo, on the event loop, at whatever request it
+    fell on (an open-loop run at 100 QPS had a p99 of 106 ms against a p95 of 8.5 ms). Frozen,
+    they are skipped; what requests allocate is still collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
