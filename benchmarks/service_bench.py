@@ -57,7 +57,7 @@ from load_generator import (  # noqa: E402
     open_loop,
     summarise,
 )
-from service_bench_paired import PREFIX, Paired, measure_paired  # noqa: E402
+from service_bench_overhead import PREFIX, OverheadRounds, measure_overhead_rounds  # noqa: E402
 from service_bench_setup import (  # noqa: E402
     Artifacts,
     background_load,
@@ -133,7 +133,7 @@ class RunState:
     raw: dict[tuple[str, bool], dict] = field(default_factory=dict)  # (threads, background)
     servers: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> env
     server_threads: dict[str, int] = field(default_factory=dict)  # name -> OS threads at the end
-    paired: dict[tuple[str, bool], Paired] = field(default_factory=dict)  # (threads, bg)
+    overhead: dict[tuple[str, bool], OverheadRounds] = field(default_factory=dict)  # threads, bg
     notes: list[str] = field(default_factory=list)
 
 
@@ -364,9 +364,10 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
                             if cell.background == background:
                                 state.cells[cell] = context.measure(*up[:2], cell)
                         if needs_raw and own and "main" in plan:
-                            state.paired[(setting, background)] = measure_paired(
+                            state.overhead[(setting, background)] = measure_overhead_rounds(
                                 up[0], context.env(config), raw_spec(art, setting, 0),
-                                args.warmup, 2 * args.duration, context.nonce,
+                                max(args.rounds, 1), args.warmup, args.duration,
+                                f"{context.nonce}{setting}{int(background)}",
                             )  # fmt: skip
                 if up is not None:  # a thread setting shows in the server's thread count
                     state.server_threads[config.name] = up[1].num_threads()

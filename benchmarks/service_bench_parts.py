@@ -35,7 +35,7 @@ from service.settings import Settings
 PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")
 DRAWS = (16, 0)
 WARMUP = 20
-HOT_OFFSET = 10**7  # query numbers of the hot repeats, apart from every other
+BLOCK_WARMUP = 5
 K = 10
 
 
@@ -139,10 +139,11 @@ def _time(services, loaded, spec: dict, draws: int) -> dict:
 
 
 def serve_queries(spec: dict, lines: Iterable[str], reply: Callable[[str], None]) -> None:
-    """Paired timing (benchmarks/service_bench_paired.py): after "READY", each line i read
-    answers "<raw parts ms> <whole searcher ms>" of text query i with 16 draws, then the same of
-    another query timed right after it (hot, as in time_parts' loop), so that the benchmark can
-    time them in turn with the server's requests."""
+    """Raw parts on request (benchmarks/service_bench_overhead.py): after "READY", each line
+    "start count" times text queries start .. start+count-1 with 16 draws back to back, as
+    time_parts does, and answers "<raw parts p50 ms> <whole searcher p50 ms>" over them (the
+    first BLOCK_WARMUP of the block left out), so that the benchmark can take the raw parts in
+    turn with its service cells."""
     threads = None if spec["threads"] == "default" else int(spec["threads"])
     settings = Settings(
         model=Path(spec["model"]),
@@ -155,12 +156,14 @@ def serve_queries(spec: dict, lines: Iterable[str], reply: Callable[[str], None]
         with services.holder.acquire("image") as loaded:
             queries = _TextQueries(services, loaded, spec["captions"], DRAWS[0])
             for i in range(WARMUP):
-                queries.time_one(10**6 + i)  # captions the measured queries do not use
+                queries.time_one(10**7 + i)  # numbers the requested blocks do not use
             reply("READY")
             for line in lines:
-                cold = queries.time_one(int(line))
-                hot = queries.time_one(HOT_OFFSET + int(line))
-                reply(" ".join(f"{x:.6f}" for x in (cold[0].sum(), cold[1], hot[0].sum(), hot[1])))
+                start, count = (int(x) for x in line.split())
+                timed = [queries.time_one(start + i) for i in range(count)][BLOCK_WARMUP:]
+                raw = np.percentile([parts.sum() for parts, _ in timed], 50)
+                whole = np.percentile([whole for _, whole in timed], 50)
+                reply(f"{raw:.6f} {whole:.6f}")
     finally:
         services.holder.stop()
         services.decoder.close()

@@ -48,7 +48,7 @@ def test_a_stage_observation_lands_in_its_own_histogram(stage: str) -> None:
     assert all(sample("probsearch_stage_latency_seconds_count", {"stage": s}) == 0 for s in others)
 
 
-def test_the_paired_parts_process_answers_each_query_it_is_asked_for(artifacts: Artifacts) -> None:
+def test_the_parts_process_answers_each_block_it_is_asked_for(artifacts: Artifacts) -> None:
     from service_bench_parts import serve_queries
 
     spec = {
@@ -58,18 +58,18 @@ def test_the_paired_parts_process_answers_each_query_it_is_asked_for(artifacts: 
         "captions": ["a red circle", "a small blue square"],
     }
     replies: list[str] = []
-    serve_queries(spec, ["0", "1", "7"], replies.append)
+    serve_queries(spec, ["0 8", "100 8"], replies.append)
     assert replies[0] == "READY"
     answers = [[float(x) for x in line.split()] for line in replies[1:]]
-    assert len(answers) == 3
-    # raw parts and whole searcher of the query asked for, then of its hot repeat
-    assert all(len(answer) == 4 and min(answer) > 0 for answer in answers)
+    # per block: p50 of the raw parts and of the whole searcher
+    assert len(answers) == 2
+    assert all(len(answer) == 2 and min(answer) > 0 for answer in answers)
 
 
-def test_requests_and_raw_parts_taken_in_turn_give_every_figure_of_the_ratio(
+def test_overhead_rounds_take_every_figure_once_a_round_with_cache_misses_only(
     artifacts: Artifacts,
 ) -> None:
-    from service_bench_paired import FIGURES, measure_paired
+    from service_bench_overhead import FIGURES, measure_overhead_rounds
 
     spec = {
         "threads": "1",
@@ -79,9 +79,10 @@ def test_requests_and_raw_parts_taken_in_turn_give_every_figure_of_the_ratio(
     }
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with ServerThread(make_settings(artifacts)) as server:
-        paired = measure_paired(server.url, env, spec, 0.2, 1.0, "test")
-    assert paired.count > 5
-    figures = [getattr(paired, name) for name in FIGURES]
-    assert all(math.isfinite(x) and x > 0 for x in figures)
-    assert paired.ratio == paired.service_hot / (paired.raw_hot + paired.noop_hot)
-    assert paired.ratio_cold == paired.service / (paired.raw + paired.noop)
+        rounds = measure_overhead_rounds(server.url, env, spec, 2, 0.1, 0.4, "test", block=10)
+    for name in FIGURES:
+        values = getattr(rounds, name)
+        assert len(values) == 2 and all(math.isfinite(x) and x > 0 for x in values), name
+    median = rounds.median
+    assert rounds.ratio == median("service") / (median("raw") + median("noop"))
+    assert len(rounds.round_ratios()) == 2
