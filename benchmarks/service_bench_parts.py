@@ -30,6 +30,7 @@ from service.outcome import DEFAULT_TEMPERATURE
 from service.schemas import TextSearchRequest
 from service.search_flow import search_params
 from service.searcher import GALLERY_OF_KIND, Query, default_shortlist
+from service.services import Services
 from service.settings import Settings
 
 PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")
@@ -39,8 +40,9 @@ BLOCK_WARMUP = 5
 K = 10
 
 
-def time_parts(spec: dict) -> dict:
-    """p50/p95 ms of each part and of their sum, per draw count; and the threads in use."""
+def _services(spec: dict) -> Services:
+    """The services the server builds from the spec's model, indexes and thread setting
+    (build_services applies the serve thread budget)."""
     threads = None if spec["threads"] == "default" else int(spec["threads"])
     settings = Settings(
         model=Path(spec["model"]),
@@ -48,7 +50,12 @@ def time_parts(spec: dict) -> dict:
         galleries=["image"],
         threads=threads,
     )
-    services = build_services(settings, ServiceMetrics())  # applies the serve thread budget
+    return build_services(settings, ServiceMetrics())
+
+
+def time_parts(spec: dict) -> dict:
+    """p50/p95 ms of each part and of their sum, per draw count; and the threads in use."""
+    services = _services(spec)
     try:
         with services.holder.acquire("image") as loaded:
             result = {f"L={draws}": _time(services, loaded, spec, draws) for draws in DRAWS}
@@ -144,14 +151,7 @@ def serve_queries(spec: dict, lines: Iterable[str], reply: Callable[[str], None]
     time_parts does, and answers "<raw parts p50 ms> <whole searcher p50 ms>" over them (the
     first BLOCK_WARMUP of the block left out), so that the benchmark can take the raw parts in
     turn with its service cells."""
-    threads = None if spec["threads"] == "default" else int(spec["threads"])
-    settings = Settings(
-        model=Path(spec["model"]),
-        index_root=Path(spec["index_root"]),
-        galleries=["image"],
-        threads=threads,
-    )
-    services = build_services(settings, ServiceMetrics())
+    services = _services(spec)
     try:
         with services.holder.acquire("image") as loaded:
             queries = _TextQueries(services, loaded, spec["captions"], DRAWS[0])

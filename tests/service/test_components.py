@@ -15,7 +15,7 @@ from service.errors import (
     OverloadedError,
     status_of,
 )
-from service.metrics import ServiceMetrics
+from service.metrics import STAGES, ServiceMetrics
 from service.settings import Settings
 from tests.service.conftest import PROBSEARCH
 
@@ -309,3 +309,16 @@ def test_serve_refuses_a_missing_model_dir_with_one_line(tmp_path) -> None:
     assert done.returncode == 2
     assert "has no model.json: pass --model MODEL_DIR" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("stage", [*STAGES, "a stage not listed"])
+def test_a_stage_observation_lands_in_its_own_histogram(stage: str) -> None:
+    metrics = ServiceMetrics()
+    metrics.observe_stage(stage, 2.0)
+    metrics.observe_stage(stage, 6.0)
+    labels = {"stage": stage}
+    sample = metrics.registry.get_sample_value
+    assert sample("probsearch_stage_latency_seconds_count", labels) == 2
+    assert sample("probsearch_stage_latency_seconds_sum", labels) == pytest.approx(0.008)
+    others = [s for s in STAGES if s != stage]
+    assert all(sample("probsearch_stage_latency_seconds_count", {"stage": s}) == 0 for s in others)

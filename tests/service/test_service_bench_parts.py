@@ -5,12 +5,19 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-
-from service.metrics import STAGES, ServiceMetrics
 from tests.service.conftest import Artifacts, ServerThread, make_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def _spec(artifacts: Artifacts) -> dict:
+    """What the raw-parts process needs (benchmarks/service_bench.py's raw_spec)."""
+    return {
+        "threads": "1",
+        "model": str(artifacts.model),
+        "index_root": str(artifacts.index_root),
+        "captions": ["a red circle", "a small blue square"],
+    }
 
 
 def test_raw_parts_and_the_whole_searcher_are_timed_for_both_draw_counts(
@@ -18,13 +25,7 @@ def test_raw_parts_and_the_whole_searcher_are_timed_for_both_draw_counts(
 ) -> None:
     from service_bench_parts import PARTS, time_parts
 
-    spec = {
-        "threads": "1",
-        "model": str(artifacts.model),
-        "index_root": str(artifacts.index_root),
-        "captions": ["a red circle", "a small blue square"],
-        "iterations": 5,
-    }
+    spec = {**_spec(artifacts), "iterations": 5}
     result = time_parts(spec)
     for draws in ("L=16", "L=0"):
         timing = result[draws]
@@ -35,28 +36,10 @@ def test_raw_parts_and_the_whole_searcher_are_timed_for_both_draw_counts(
     assert result["threads"]["torch"] == 1
 
 
-@pytest.mark.parametrize("stage", [*STAGES, "a stage not listed"])
-def test_a_stage_observation_lands_in_its_own_histogram(stage: str) -> None:
-    metrics = ServiceMetrics()
-    metrics.observe_stage(stage, 2.0)
-    metrics.observe_stage(stage, 6.0)
-    labels = {"stage": stage}
-    sample = metrics.registry.get_sample_value
-    assert sample("probsearch_stage_latency_seconds_count", labels) == 2
-    assert sample("probsearch_stage_latency_seconds_sum", labels) == pytest.approx(0.008)
-    others = [s for s in STAGES if s != stage]
-    assert all(sample("probsearch_stage_latency_seconds_count", {"stage": s}) == 0 for s in others)
-
-
 def test_the_parts_process_answers_each_block_it_is_asked_for(artifacts: Artifacts) -> None:
     from service_bench_parts import serve_queries
 
-    spec = {
-        "threads": "1",
-        "model": str(artifacts.model),
-        "index_root": str(artifacts.index_root),
-        "captions": ["a red circle", "a small blue square"],
-    }
+    spec = _spec(artifacts)
     replies: list[str] = []
     serve_queries(spec, ["0 8", "100 8"], replies.append)
     assert replies[0] == "READY"
@@ -71,12 +54,7 @@ def test_overhead_rounds_take_every_figure_once_a_round_with_cache_misses_only(
 ) -> None:
     from service_bench_overhead import FIGURES, measure_overhead_rounds
 
-    spec = {
-        "threads": "1",
-        "model": str(artifacts.model),
-        "index_root": str(artifacts.index_root),
-        "captions": ["a red circle", "a small blue square"],
-    }
+    spec = _spec(artifacts)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with ServerThread(make_settings(artifacts)) as server:
         rounds = measure_overhead_rounds(server.url, env, spec, 2, 0.1, 0.4, "test", block=10)
