@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 CACHE_PREFIX = "probsearch:cache:"
 REDIS_ERRORS = (redis.RedisError, OSError)
+# How many keys a process remembers having stored or found (ResultCache.known).
+KNOWN_KEYS = 4096
 
 
 def cache_key(index_version: str, request_hash: str) -> str:
@@ -81,6 +83,8 @@ class ResultCache:
 
     `store` writes behind: a search answers without waiting for Redis, and until the write is
     done `get` finds the body in process, so the same request sent right after is a hit.
+    `known` tells the keys this process stored or found lately (the last KNOWN_KEYS), so that
+    a caller may skip a lookup that would most likely miss (service.search_flow).
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class ResultCache:
         self._backoff = Backoff(maximum_s=backoff_max_s)
         self._client: aioredis.Redis | None = None
         self._pending: dict[str, bytes] = {}  # written behind, not yet acknowledged by Redis
+        self._known: dict[str, None] = {}  # insertion-ordered: the oldest goes first
         self._writes: set[asyncio.Task] = set()
         if redis_url is not None and ttl_s > 0:
             self._client = aioredis.Redis.from_url(
@@ -106,6 +111,17 @@ class ResultCache:
     def enabled(self) -> bool:
         """Whether a Redis URL and a positive TTL are configured."""
         return self._client is not None
+
+    def known(self, key: str) -> bool:
+        """Whether this process stored `key` or found it among its last KNOWN_KEYS keys (it
+        may have expired since)."""
+        return key in self._known
+
+    def _remember(self, key: str) -> None:
+        self._known.pop(key, None)
+        self._known[key] = None
+        if len(self._known) > KNOWN_KEYS:
+            del self._known[next(iter(self._known))]
 
     async def get(self, key: str) -> bytes | None:
         """The cached body under `key`, or None on a miss or while Redis is unavailable."""
@@ -124,6 +140,7 @@ class ResultCache:
             self._metrics.cache_misses.inc()
         else:
             self._metrics.cache_hits.inc()
+            self._remember(key)
         return body
 
     async def set(self, key: str, body: bytes) -> None:
@@ -142,6 +159,7 @@ class ResultCache:
         if self._client is None or not self._backoff.ready() or key in self._pending:
             return
         self._pending[key] = body
+        self._remember(key)
         task = asyncio.get_running_loop().create_task(self.set(key, body))
         self._writes.add(task)
         task.add_done_callback(lambda done: self._written(key, done))

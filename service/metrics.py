@@ -54,6 +54,12 @@ class ServiceMetrics:
         )
         self.cache_hits = Counter("probsearch_cache_hits", "Result cache hits.", registry=reg)
         self.cache_misses = Counter("probsearch_cache_misses", "Result cache misses.", registry=reg)
+        self.cache_skips = Counter(
+            "probsearch_cache_skips",
+            "Lone searches that did not ask the result cache: their key was not one this "
+            "process stored or found lately (service.search_flow).",
+            registry=reg,
+        )
         self.rejections = Counter(
             "probsearch_rejections",
             "Queries flagged rejected (their reject score above its threshold).",

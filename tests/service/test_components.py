@@ -4,9 +4,12 @@ import asyncio
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from service import cache as cache_module
+from service import search_flow
 from service.batching import MicroBatcher
 from service.cache import Backoff, ResultCache, cache_key
 from service.errors import (
@@ -256,6 +259,59 @@ def test_cache_store_writes_behind_and_reads_its_own_writes(redis_url: str) -> N
     in_flight, stored = asyncio.run(scenario())
     assert in_flight == b'{"a": 1}'
     assert stored == b'{"a": 1}'
+
+
+def test_cache_knows_the_keys_it_stored_or_found_lately(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """known(): keys this process stored or found in Redis, the last KNOWN_KEYS of them; a key
+    only another client wrote, or one that missed, is not known."""
+    import redis
+
+    monkeypatch.setattr(cache_module, "KNOWN_KEYS", 3)
+    keys = [cache_key("v-known", str(i)) for i in range(5)]
+    redis.Redis.from_url(redis_url).set(keys[4], b"elsewhere")
+
+    async def scenario() -> tuple[list[bool], list[bool]]:
+        cache = ResultCache(redis_url, ttl_s=60, metrics=ServiceMetrics())
+        unknown = [cache.known(key) for key in keys]
+        cache.store(keys[0], b"0")
+        cache.store(keys[1], b"1")
+        assert await cache.get(keys[2]) is None  # a miss teaches nothing
+        assert await cache.get(keys[4]) == b"elsewhere"
+        cache.store(keys[3], b"3")  # the fourth known key: keys[0] is forgotten
+        known = [cache.known(key) for key in keys]
+        await cache.close()
+        return unknown, known
+
+    unknown, known = asyncio.run(scenario())
+    assert unknown == [False] * 5
+    assert known == [False, True, False, True, True]
+
+
+@pytest.mark.parametrize(
+    ("cache_on", "stored", "in_flight", "asks"),
+    [
+        (True, False, 1, False),  # lone, a key it never saw: skip the lookup
+        (True, True, 1, True),  # lone, a key it stored: ask
+        (True, False, 2, True),  # under load: always ask
+        (False, False, 1, True),  # no cache: get() answers at once, nothing to skip
+    ],
+)
+def test_a_lone_search_asks_the_cache_only_for_keys_it_knows(
+    redis_url: str, cache_on: bool, stored: bool, in_flight: int, asks: bool
+) -> None:
+    async def scenario() -> bool:
+        cache = ResultCache(redis_url if cache_on else None, ttl_s=60, metrics=ServiceMetrics())
+        key = cache_key("v-pays", "request")
+        if stored:
+            cache.store(key, b"{}")
+        services = SimpleNamespace(cache=cache, searches_in_flight=in_flight)
+        pays = await search_flow._lookup_pays(services, key)  # type: ignore[arg-type]
+        await cache.close()
+        return pays
+
+    assert asyncio.run(scenario()) is asks
 
 
 def test_cache_store_fails_open_when_redis_is_down() -> None:

@@ -150,16 +150,33 @@ def test_cache_hit_returns_the_identical_body(
     client: httpx.Client, server: ServerThread, artifacts: Artifacts
 ) -> None:
     request = {"text": "a purple square", "k": 4, "metric": "kl"}
+    before = _cache_counts(client)
     first = client.post("/search/text", json=request)
     second = client.post("/search/text", json=request)
     assert first.headers["x-cache"] == "miss"
     assert second.headers["x-cache"] == "hit"
     assert second.content == first.content
+    # Alone with a key it never saw, the first did not ask Redis; the second, whose key the
+    # server stored, did and found it.
+    after = _cache_counts(client)
+    assert {name: after[name] - before[name] for name in after} == {
+        "skips": 1, "hits": 1, "misses": 0
+    }  # fmt: skip
     settings = server.services.settings
     keys = redis.Redis.from_url(settings.redis_url).keys(f"probsearch:cache:{artifacts.image_v1}:*")
     assert keys, "the response was not cached under its index version"
     ttl = redis.Redis.from_url(settings.redis_url).ttl(keys[0])
     assert 0 < ttl <= settings.cache_ttl_s
+
+
+def _cache_counts(client: httpx.Client) -> dict[str, float]:
+    """The result cache's counters in the server's /metrics."""
+    lines = client.get("/metrics").text.splitlines()
+    return {
+        name: next(float(line.split()[-1]) for line in lines
+                   if line.startswith(f"probsearch_cache_{name}_total "))
+        for name in ("skips", "hits", "misses")
+    }  # fmt: skip
 
 
 def test_health_readiness_indexes_and_metrics(client: httpx.Client, artifacts: Artifacts) -> None:
