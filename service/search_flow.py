@@ -142,8 +142,8 @@ async def _lookup_pays(services: Services, key: str) -> bool:
     Under load, always: a hit saves CPU that other requests wait for. A lone search (nothing
     else under way) asks only for a key this process stored or found lately (ResultCache.known):
     at one client on 2 cores a lookup that misses costs about 0.1 ms of a 2.4 ms text search
-    (text p50 2.36-2.42 ms asking, 2.28-2.30 ms not, in quick runs of
-    benchmarks/service_bench.py), which only a hit pays back, and distinct requests mostly
+    (text p50 2.42 ms asking, 2.28-2.30 ms not, two quick runs of benchmarks/service_bench.py
+    each, median of 3 rounds), which only a hit pays back, and distinct requests mostly
     miss; a repeat that another process cached then costs its search on an idle CPU."""
     if not services.cache.enabled or services.cache.known(key):
         return True
