@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -90,11 +90,13 @@ async def answer(
     gallery: str,
     params: SearchParams,
     payload: dict[str, Any],
-    make_query: Callable[[int], Query],
+    make_query: Callable[[int], Awaitable[Query]],
     start: float,
-    extra_encode_ms: float = 0.0,
 ) -> Answer:
-    """Cache lookup, micro-batched search, response body, cache store (written behind)."""
+    """Cache lookup, micro-batched search, response body, cache store (written behind).
+
+    `make_query` builds the query from its seed on a cache miss only, so that a hit skips
+    the work it may hold (decoding an image)."""
     with _in_flight(services):
         version = services.holder.versions().get(gallery)
         if version is None:
@@ -107,12 +109,11 @@ async def answer(
         request_hash = _digest({**query_part, "gallery": gallery, "params": vars(params)})
         batcher = services.image_batcher if kind == "image" else services.batcher
         found = await _cached_or_searched(
-            services, batcher, cache_key(version, request_hash), make_query(seed)
+            services, batcher, cache_key(version, request_hash), make_query, seed
         )
     if isinstance(found, bytes):
         return Answer(found, cache_hit=True)
     outcome = found
-    outcome.timings_ms["encode"] += extra_encode_ms
     outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
     body = _response(outcome, params, services.model_name).model_dump_json().encode()
     _observe(services, outcome)
@@ -121,18 +122,25 @@ async def answer(
 
 
 async def _cached_or_searched(
-    services: Services, batcher: MicroBatcher[Query, Outcome], key: str, query: Query
+    services: Services,
+    batcher: MicroBatcher[Query, Outcome],
+    key: str,
+    make_query: Callable[[int], Awaitable[Query]],
+    seed: int,
 ) -> bytes | Outcome:
     """The body cached under `key` when the lookup pays (_lookup_pays) and finds one, else
-    the query's outcome."""
+    the outcome of the query made with `seed`."""
+    alone: bool | None = None  # not known yet
     if await _lookup_pays(services, key):
         cached = await services.cache.get(key)
         if cached is not None:
             return cached
-        alone = await _alone(services)
     else:
         services.metrics.cache_skips.inc()
         alone = True
+    query = await make_query(seed)
+    if alone is None or query.decode_ms > 0:  # others may have arrived meanwhile
+        alone = await _alone(services)
     return await batcher.submit(query, alone=alone)
 
 

@@ -72,6 +72,7 @@ class Query:
     image: Image.Image | None = None
     mu: np.ndarray | None = None  # (D,)
     logvar: np.ndarray | None = None  # (D,)
+    decode_ms: float = 0.0  # spent decoding `image`, counted in the encode timing
 
 
 @dataclass
@@ -193,7 +194,7 @@ class Searcher:
                 logvar=out.logvar[i],
                 mc_mu=None if out.mc_mu is None else out.mc_mu[:, i],
                 mc_logvar=None if out.mc_logvar is None else out.mc_logvar[:, i],
-                encode_ms=encode_ms,
+                encode_ms=encode_ms + queries[i].decode_ms,
                 embeddings=None if out.embeddings is None else out.embeddings[i],
                 mc_embeddings=None if out.mc_embeddings is None else out.mc_embeddings[:, i],
                 identical_draws=out.identical_draws,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from service.deps import ServicesDep
 from service.errors import InvalidQueryError
-from service.image_request import decode_image, read_image_request
+from service.image_request import image_query, read_image_request
 from service.json_request import json_body_schema, read_json_request
 from service.schemas import (
     SEARCH_ERROR_RESPONSES,
@@ -56,15 +56,12 @@ async def search_text(request: Request, services: ServicesDep) -> Response:
     body = await read_json_request(request, TextSearchRequest)
     check_text(body.text, services.settings)
     params = search_params(body, services, GALLERY_OF_KIND["text"])
-    result = await answer(
-        services,
-        "text",
-        GALLERY_OF_KIND["text"],
-        params,
-        {"text": body.text},
-        lambda seed: Query("text", "image", params, seed, text=body.text),
-        start,
-    )
+
+    async def query(seed: int) -> Query:
+        return Query("text", GALLERY_OF_KIND["text"], params, seed, text=body.text)
+
+    gallery, payload = GALLERY_OF_KIND["text"], {"text": body.text}
+    result = await answer(services, "text", gallery, params, payload, query, start)
     return _respond(result)
 
 
@@ -74,20 +71,12 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     start = time.perf_counter()
     data, options = await read_image_request(request, services.settings.max_image_bytes)
     params = search_params(options, services, GALLERY_OF_KIND["image"])
-    decode_start = time.perf_counter()
-    image = await decode_image(data, services)
-    decode_ms = 1000 * (time.perf_counter() - decode_start)
-    services.metrics.observe_stage("decode", decode_ms)
-    result = await answer(
-        services,
-        "image",
-        GALLERY_OF_KIND["image"],
-        params,
-        {"image_sha256": hashlib.sha256(data).hexdigest()},
-        lambda seed: Query("image", "text", params, seed, image=image),
-        start,
-        extra_encode_ms=decode_ms,
-    )
+
+    async def query(seed: int) -> Query:
+        return await image_query(data, params, seed, services)
+
+    gallery, payload = GALLERY_OF_KIND["image"], {"image_sha256": hashlib.sha256(data).hexdigest()}
+    result = await answer(services, "image", gallery, params, payload, query, start)
     return _respond(result)
 
 
@@ -102,15 +91,12 @@ async def search_embedding(request: Request, services: ServicesDep) -> Response:
     body = await read_json_request(request, EmbeddingSearchRequest)
     mu, logvar = _embedding(body, services.settings.max_embedding_dim)
     params = search_params(body, services, body.gallery)
-    result = await answer(
-        services,
-        "embedding",
-        body.gallery,
-        params,
-        {"mu": body.mu, "logvar": body.logvar},
-        lambda seed: Query("embedding", body.gallery, params, seed, mu=mu, logvar=logvar),
-        start,
-    )
+
+    async def query(seed: int) -> Query:
+        return Query("embedding", body.gallery, params, seed, mu=mu, logvar=logvar)
+
+    payload = {"mu": body.mu, "logvar": body.logvar}
+    result = await answer(services, "embedding", body.gallery, params, payload, query, start)
     return _respond(result)
 
 

@@ -169,6 +169,26 @@ def test_cache_hit_returns_the_identical_body(
     assert 0 < ttl <= settings.cache_ttl_s
 
 
+def test_an_image_cache_hit_does_not_decode_the_image(client: httpx.Client) -> None:
+    files = {"image": ("query.png", png_bytes("orange", size=72), "image/png")}
+    decodes = [_decode_count(client)]
+    first = client.post("/search/image", files=files, data={"k": "3"})
+    decodes.append(_decode_count(client))
+    second = client.post("/search/image", files=files, data={"k": "3"})
+    decodes.append(_decode_count(client))
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("miss", "hit")
+    assert second.content == first.content
+    assert [b - a for a, b in zip(decodes, decodes[1:])] == [1, 0]
+    assert first.json()["timings_ms"]["encode"] > 0
+
+
+def _decode_count(client: httpx.Client) -> float:
+    """How many images the server decoded (its decode stage histogram's count)."""
+    prefix = 'probsearch_stage_latency_seconds_count{stage="decode"} '
+    lines = client.get("/metrics").text.splitlines()
+    return next((float(line.split()[-1]) for line in lines if line.startswith(prefix)), 0.0)
+
+
 def _cache_counts(client: httpx.Client) -> dict[str, float]:
     """The result cache's counters in the server's /metrics."""
     lines = client.get("/metrics").text.splitlines()
