@@ -2,6 +2,7 @@
 
 import base64
 import io
+import itertools
 import math
 
 import httpx
@@ -178,7 +179,7 @@ def test_an_image_cache_hit_does_not_decode_the_image(client: httpx.Client) -> N
     decodes.append(_decode_count(client))
     assert (first.headers["x-cache"], second.headers["x-cache"]) == ("miss", "hit")
     assert second.content == first.content
-    assert [b - a for a, b in zip(decodes, decodes[1:])] == [1, 0]
+    assert [b - a for a, b in itertools.pairwise(decodes)] == [1, 0]
     assert first.json()["timings_ms"]["encode"] > 0
 
 
