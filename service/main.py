@@ -193,6 +193,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         metrics,
         settings.redis_socket_timeout_s,
         settings.redis_backoff_max_s,
+        settings.cache_write_delay_ms / 1000,
     )
     health = _start_redis_health(settings, metrics, [cache.recover, holder.recover])
     max_pixels = settings.max_image_pixels or default_pixel_limit(config.image_size)

@@ -36,6 +36,12 @@ class Settings(ProbsearchSettings):
 
     # Redis (redis_url None: run without Redis; the ACTIVE pointer files decide, no cache).
     cache_ttl_s: int = Field(3600, ge=0, description="Result cache TTL; 0 disables the cache.")
+    cache_write_delay_ms: float = Field(
+        10.0,
+        ge=0,
+        le=1000,
+        description="Cached bodies stored within this many ms go to Redis in one pipeline.",
+    )
     redis_socket_timeout_s: float = Field(0.5, gt=0)
     redis_backoff_max_s: float = Field(
         2.0, gt=0, description="Longest wait between reconnection attempts while Redis is down."

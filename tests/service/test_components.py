@@ -261,6 +261,38 @@ def test_cache_store_writes_behind_and_reads_its_own_writes(redis_url: str) -> N
     assert stored == b'{"a": 1}'
 
 
+def test_cache_writes_the_bodies_stored_within_the_delay_in_one_pipeline(redis_url: str) -> None:
+    import redis
+
+    reader = redis.Redis.from_url(redis_url)
+    keys = [cache_key("v-together", str(i)) for i in range(4)]
+
+    async def scenario() -> tuple[list, list, list]:
+        cache = ResultCache(redis_url, ttl_s=60, metrics=ServiceMetrics(), write_delay_s=0.05)
+        batches: list[list[str]] = []
+        set_many = cache.set_many
+
+        async def recorded(items: list[tuple[str, bytes]]) -> None:
+            batches.append([key for key, _ in items])
+            await set_many(items)
+
+        cache.set_many = recorded  # type: ignore[method-assign]
+        for i, key in enumerate(keys[:3]):
+            cache.store(key, str(i).encode())
+        before = reader.mget(keys[:3])  # the writer is still waiting for more
+        await asyncio.sleep(0.2)
+        after = reader.mget(keys[:3])
+        cache.store(keys[3], b"3")
+        await cache.close()  # writes what is queued at once
+        return before, after, batches
+
+    before, after, batches = asyncio.run(scenario())
+    assert before == [None, None, None]
+    assert after == [b"0", b"1", b"2"]
+    assert batches == [keys[:3], keys[3:]]
+    assert reader.get(keys[3]) == b"3" and 0 < reader.ttl(keys[3]) <= 60
+
+
 def test_cache_knows_the_keys_it_stored_or_found_lately(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

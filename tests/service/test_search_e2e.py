@@ -4,6 +4,8 @@ import base64
 import io
 import itertools
 import math
+import time
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -164,7 +166,8 @@ def test_cache_hit_returns_the_identical_body(
         "skips": 1, "hits": 1, "misses": 0
     }  # fmt: skip
     settings = server.services.settings
-    keys = redis.Redis.from_url(settings.redis_url).keys(f"probsearch:cache:{artifacts.image_v1}:*")
+    pattern = f"probsearch:cache:{artifacts.image_v1}:*"
+    keys = _eventually(lambda: redis.Redis.from_url(settings.redis_url).keys(pattern))
     assert keys, "the response was not cached under its index version"
     ttl = redis.Redis.from_url(settings.redis_url).ttl(keys[0])
     assert 0 < ttl <= settings.cache_ttl_s
@@ -188,6 +191,14 @@ def _decode_count(client: httpx.Client) -> float:
     prefix = 'probsearch_stage_latency_seconds_count{stage="decode"} '
     lines = client.get("/metrics").text.splitlines()
     return next((float(line.split()[-1]) for line in lines if line.startswith(prefix)), 0.0)
+
+
+def _eventually(read: Callable[[], list], timeout_s: float = 2.0) -> list:
+    """What `read` returns once it is not empty (writes behind land later), else its last."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := read()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
 
 
 def _cache_counts(client: httpx.Client) -> dict[str, float]:
