@@ -1,8 +1,8 @@
 """A search below the HTTP edge: limits and defaults of the options, the query's seed, the
-result cache, the micro-batchers and the response body. Route handlers parse and answer."""
+result cache and the micro-batchers (the body: service.response_body). Route handlers parse
+and answer."""
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 import time
@@ -15,14 +15,8 @@ from service.batching import MicroBatcher
 from service.cache import cache_key
 from service.errors import IndexUnavailableError, InvalidQueryError
 from service.outcome import Outcome
-from service.schemas import (
-    QueryInfo,
-    RejectScoreInfo,
-    SearchHit,
-    SearchOptions,
-    SearchResponse,
-    Timings,
-)
+from service.response_body import response_body
+from service.schemas import SearchOptions
 from service.searcher import GALLERY_OF_KIND, Query, SearchParams, default_shortlist
 from service.services import Services
 from service.settings import Settings
@@ -115,7 +109,7 @@ async def answer(
         return Answer(found, cache_hit=True)
     outcome = found
     outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
-    body = _response(outcome, params, services.model_name).model_dump_json().encode()
+    body = response_body(outcome, services.model_name, params.return_embedding)
     _observe(services, outcome)
     services.cache.store(cache_key(outcome.index_version, request_hash), body)
     return Answer(body, cache_hit=False)
@@ -178,46 +172,6 @@ async def _alone(services: Services) -> bool:
         return False
     await asyncio.sleep(0)
     return services.searches_in_flight == 1
-
-
-def _response(outcome: Outcome, params: SearchParams, model_name: str) -> SearchResponse:
-    unc = outcome.uncertainty
-    query = QueryInfo(
-        modality=outcome.kind,
-        log_det=unc.log_det,
-        entropy=unc.entropy,
-        mutual_information=unc.mutual_information,
-        feature_uncertainty=unc.feature_uncertainty,
-        posterior_entropy=unc.posterior_entropy,
-        top_mahalanobis=unc.top_mahalanobis,
-        reject_score=RejectScoreInfo(**dataclasses.asdict(outcome.reject_score)),
-        rejected=outcome.reject_score.rejected,
-        reject_threshold=outcome.reject_score.threshold,
-        temperature=outcome.temperature,
-        mc_samples=outcome.mc_samples,
-        shortlist_size=outcome.shortlist_size,
-        mu=outcome.mu.tolist() if params.return_embedding else None,
-        logvar=outcome.logvar.tolist() if params.return_embedding else None,
-    )
-    hits = [
-        SearchHit(
-            id=h.id,
-            rank=h.rank,
-            score=h.score,
-            distance=h.distance,
-            log_det=h.log_det,
-            metadata=h.metadata,
-        )
-        for h in outcome.hits
-    ]
-    return SearchResponse(
-        query=query,
-        results=hits,
-        metric=outcome.metric,
-        index_version=outcome.index_version,
-        model=model_name,
-        timings_ms=Timings(**outcome.timings_ms),
-    )
 
 
 def _observe(services: Services, outcome: Outcome) -> None:

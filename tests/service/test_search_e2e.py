@@ -13,6 +13,7 @@ import pytest
 import redis
 from PIL import Image
 
+from service.schemas import SearchResponse
 from tests.service.conftest import Artifacts, ServerThread, brute_force
 
 CAPTION = "a big red circle and a small blue square"
@@ -171,6 +172,30 @@ def test_cache_hit_returns_the_identical_body(
     assert keys, "the response was not cached under its index version"
     ttl = redis.Redis.from_url(settings.redis_url).ttl(keys[0])
     assert 0 < ttl <= settings.cache_ttl_s
+
+
+def test_every_search_body_is_exactly_a_search_response(client: httpx.Client) -> None:
+    """The bodies are written without the response models (service.response_body): each
+    parses into SearchResponse and dumps back to the same bytes, so no field is missing,
+    extra, renamed or out of the schema's order."""
+    text = client.post(
+        "/search/text", json={"text": "a tiny yellow star", "k": 3, "return_embedding": True}
+    )
+    image = client.post(
+        "/search/image",
+        files={"image": ("query.png", png_bytes("purple", size=60), "image/png")},
+        data={"k": "2", "mc_samples": "0"},
+    )
+    query = text.json()["query"]
+    embedding = client.post(
+        "/search/embedding",
+        json={"mu": query["mu"], "logvar": query["logvar"], "gallery": "image", "k": 4},
+    )
+    for response in (text, image, embedding):
+        assert response.status_code == 200, response.text
+        parsed = SearchResponse.model_validate_json(response.content)
+        assert parsed.model_dump_json().encode() == response.content
+    assert len(query["mu"]) == len(query["logvar"]) > 0
 
 
 def test_an_image_cache_hit_does_not_decode_the_image(client: httpx.Client) -> None:
