@@ -123,6 +123,7 @@ class Measured:
     summary: Summary
     client_cpu: float  # cores (1.0 = one core busy)
     server_cpu: float
+    rounds: tuple[Summary, ...] = ()  # each round's summary, when measured in rounds
 
 
 @dataclass
@@ -423,6 +424,7 @@ def combine_rounds(rounds: list[Measured]) -> Measured:
         summary,
         float(np.median([m.client_cpu for m in rounds])),
         float(np.median([m.server_cpu for m in rounds])),
+        tuple(summaries),
     )
 
 

@@ -40,6 +40,36 @@ SCENARIO_TITLES = {
 }
 
 
+def threads_verdict(found: dict[str, Measured], what: str) -> tuple[str, bool]:
+    """Whether the shipped threads are within 10% of the best setting (p50: lower is better,
+    QPS: higher), and the figures. Settings measured in rounds show each one's range over
+    them; where the median misses by more than 10% but the default's range overlaps the
+    best's, the gap is inside the rounds' spread: no difference."""
+    name, digits, unit = ("p50", 2, " ms") if what == "p50" else ("qps", 1, "")
+    figure = {s: getattr(m.summary, name) for s, m in found.items()}
+    if what == "p50":
+        best = min(found, key=figure.__getitem__)
+        ok = figure["default"] <= 1.1 * figure[best]
+    else:
+        best = max(found, key=figure.__getitem__)
+        ok = figure["default"] >= figure[best] / 1.1
+
+    def shown(setting: str) -> str:
+        spread = [getattr(r, name) for r in found[setting].rounds]
+        span = f" ({fmt(min(spread), digits)}-{fmt(max(spread), digits)})" if spread else ""
+        return f"{fmt(figure[setting], digits)}{unit}{span}"
+
+    value = f"default {shown('default')}, best {best} {shown(best)}"
+    if ok or not found["default"].rounds or not found[best].rounds:
+        return value, ok
+    default_span = [getattr(r, name) for r in found["default"].rounds]
+    best_span = [getattr(r, name) for r in found[best].rounds]
+    overlap = min(default_span) <= max(best_span) and min(best_span) <= max(default_span)
+    if overlap:
+        value += "; the gap is inside the rounds' spread: no difference"
+    return value, overlap
+
+
 def fmt(value: float, digits: int = 1) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
@@ -222,20 +252,10 @@ def checks(args, state: RunState) -> list[str]:
                 )
                 for s in args.threads
             }
-            found = {s: m.summary for s, m in found.items() if m}
+            found = {s: m for s, m in found.items() if m}
             if "default" not in found or len(found) < 2:
                 continue
-            if what == "p50":
-                best = min(found, key=lambda s: found[s].p50)
-                ok = found["default"].p50 <= 1.1 * found[best].p50
-                value = (
-                    f"default {fmt(found['default'].p50, 2)} ms,"
-                    f" best {best} {fmt(found[best].p50, 2)} ms"
-                )
-            else:
-                best = max(found, key=lambda s: found[s].qps)
-                ok = found["default"].qps >= found[best].qps / 1.1
-                value = f"default {fmt(found['default'].qps)}, best {best} {fmt(found[best].qps)}"
+            value, ok = threads_verdict(found, what)
             add(f"shipped threads within 10% of the best, c={c} {what}{bg}", value, ok)
     rounds = state.overhead.get(("default", False))
     if rounds is not None:
