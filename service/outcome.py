@@ -18,7 +18,8 @@ DEFAULT_REJECT_SCORE = "mutual_information"  # of a version that was never calib
 
 @dataclass
 class Hit:
-    """One result."""
+    """One result: the fields of the response's SearchHit, in its order (service.response_body
+    writes a Hit as it is)."""
 
     id: str
     rank: int

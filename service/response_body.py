@@ -11,7 +11,7 @@ from typing import Any
 
 import pydantic_core
 
-from service.outcome import Hit, Outcome
+from service.outcome import Outcome
 
 TIMINGS = ("encode", "shortlist", "rerank", "uncertainty", "total")
 
@@ -20,7 +20,7 @@ def response_body(outcome: Outcome, model_name: str, return_embedding: bool) -> 
     """The SearchResponse of `outcome` as JSON (NaN and infinities as null, as pydantic)."""
     body = {
         "query": _query(outcome, return_embedding),
-        "results": [_hit(hit) for hit in outcome.hits],
+        "results": [vars(hit) for hit in outcome.hits],  # Hit's fields are SearchHit's
         "metric": outcome.metric,
         "index_version": outcome.index_version,
         "model": model_name,
@@ -47,15 +47,4 @@ def _query(outcome: Outcome, return_embedding: bool) -> dict[str, Any]:
         "shortlist_size": outcome.shortlist_size,
         "mu": outcome.mu.tolist() if return_embedding else None,
         "logvar": outcome.logvar.tolist() if return_embedding else None,
-    }
-
-
-def _hit(hit: Hit) -> dict[str, Any]:
-    return {
-        "id": hit.id,
-        "rank": hit.rank,
-        "score": hit.score,
-        "distance": hit.distance,
-        "log_det": hit.log_det,
-        "metadata": hit.metadata,
     }
