@@ -68,13 +68,15 @@ class ImageRecord:
 
 @dataclass(frozen=True)
 class CaptionRecord:
-    """One caption of one image; `named` lists the object descriptors it names (may be empty)."""
+    """One caption of one image; `named` lists the object descriptors it names, `labels` the
+    labels it names (either may be empty)."""
 
     id: str
     image_id: str
     text: str
     split: str
     named: tuple[Descriptor, ...] = ()
+    labels: tuple[str, ...] = ()
 
 
 def attributes_named(caption: CaptionRecord) -> int:
@@ -137,12 +139,16 @@ def _check_split(name: str) -> None:
 def is_plausible_match(caption: CaptionRecord, image: ImageRecord) -> bool:
     """True when the image holds everything the caption names.
 
-    Every descriptor of `caption.named` must be satisfied by `count` objects of the image, and
-    all these objects must be distinct (an injective assignment of the named slots to objects,
-    found by augmenting paths). Spatial relations are not judged. When either side carries no
-    descriptors (e.g. COCO), a caption plausibly matches only its own image.
+    With object descriptors on both sides (shapes): every descriptor of `caption.named` must be
+    satisfied by `count` objects of the image, and all these objects must be distinct (an
+    injective assignment of the named slots to objects, found by augmenting paths). Spatial
+    relations are not judged. Otherwise, with caption labels (clip art): the image's labels
+    must hold every label of `caption.labels`. With neither (e.g. COCO), a caption plausibly
+    matches only its own image.
     """
     if not caption.named or not image.objects:
+        if caption.labels:
+            return set(caption.labels) <= set(image.labels)
         return caption.image_id == image.id
     slots = [d for d in caption.named for _ in range(d.count)]
     if len(slots) > len(image.objects):
@@ -211,6 +217,11 @@ class PlausibleMatcher:
         self.annotated = self.counts.sum(axis=1) > 0  # (I,)
         self.row_of_id = {im.id: row for row, im in enumerate(images)}
         self._hall: dict[tuple[Descriptor, ...], np.ndarray] = {}
+        self._rows_of_label: dict[str, set[int]] = {}
+        for row, im in enumerate(images):
+            for label in im.labels:
+                self._rows_of_label.setdefault(label, set()).add(row)
+        self._holding: dict[tuple[str, ...], np.ndarray] = {}
 
     def matrix(
         self, captions: Sequence[CaptionRecord], columns: np.ndarray | None = None
@@ -221,13 +232,24 @@ class PlausibleMatcher:
         out = np.zeros((len(captions), len(columns)), dtype=bool)
         for r, caption in enumerate(captions):
             same_image = columns == self.row_of_id.get(caption.image_id, -1)
-            if not caption.named:
+            if not caption.named and caption.labels:
+                out[r] = self._holding_row(caption.labels)[columns]
+            elif not caption.named:
                 out[r] = same_image
             elif len(caption.named) > MAX_HALL_DESCRIPTORS:
                 out[r] = [is_plausible_match(caption, self.images[c]) for c in columns]
             else:
                 out[r] = np.where(annotated, self._hall_row(caption.named)[columns], same_image)
         return out
+
+    def _holding_row(self, labels: tuple[str, ...]) -> np.ndarray:
+        """(I,) bool: the image's labels hold all of `labels`."""
+        if labels not in self._holding:
+            rows = set.intersection(*(self._rows_of_label.get(lab, set()) for lab in labels))
+            holding = np.zeros(len(self.images), dtype=bool)
+            holding[list(rows)] = True
+            self._holding[labels] = holding
+        return self._holding[labels]
 
     def _hall_row(self, named: tuple[Descriptor, ...]) -> np.ndarray:
         if named not in self._hall:
@@ -278,7 +300,7 @@ def load_dataset(root: Path | str, split: str | None = None) -> PairedDataset:
     captions: list[CaptionRecord] = []
     caption_ids: set[str] = set()
     for item in _read_jsonl(root / CAPTIONS_FILE):
-        caption = _parse_caption(item, images_by_id)
+        caption = _parse_caption(item, images_by_id, label_set)
         if caption.id in caption_ids:
             raise DatasetError(f"{_Where(*item[:2])}: duplicate caption id {caption.id!r}")
         caption_ids.add(caption.id)
@@ -412,7 +434,7 @@ def _parse_descriptor(item: Any, where: _Where) -> Descriptor:
 
 
 def _parse_caption(
-    item: tuple[Path, int, dict], images: Mapping[str, ImageRecord]
+    item: tuple[Path, int, dict], images: Mapping[str, ImageRecord], label_names: set[str]
 ) -> CaptionRecord:
     path, line, record = item
     where = _Where(path, line)
@@ -428,7 +450,18 @@ def _parse_caption(
             f"{where}: caption split {split!r} differs from its image's split {image.split!r}"
         )
     named = tuple(_parse_descriptor(d, where) for d in _field(record, "named", list, where, []))
-    return CaptionRecord(caption_id, image_id, text, split, named)
+    labels = _caption_labels(record, where, label_names)
+    return CaptionRecord(caption_id, image_id, text, split, named, labels)
+
+
+def _caption_labels(record: Mapping[str, Any], where: _Where, label_names: set[str]) -> tuple:
+    labels = _field(record, "labels", list, where, default=[])
+    if not all(isinstance(label, str) for label in labels):
+        raise DatasetError(f"{where}: caption 'labels' must be a list of strings")
+    unknown = [label for label in labels if label not in label_names]
+    if unknown:
+        raise DatasetError(f"{where}: labels {unknown!r} are not in dataset.json 'label_names'")
+    return tuple(labels)
 
 
 # ---------------------------------------------------------------- writing
@@ -442,4 +475,5 @@ def caption_to_json(caption: CaptionRecord) -> dict[str, Any]:
         "text": caption.text,
         "split": caption.split,
         "named": [d.to_json() for d in caption.named],
+        **({"labels": list(caption.labels)} if caption.labels else {}),
     }

@@ -18,6 +18,7 @@ from models.datasets.records import (
     ImageRecord,
     ObjectRecord,
     attribute_names,
+    caption_to_json,
     image_attributes,
     is_plausible_match,
     load_dataset,
@@ -148,6 +149,43 @@ def test_judgements_agree_with_brute_force_on_random_records() -> None:
     assert 0.05 < expected.mean() < 0.95  # both outcomes are exercised
     np.testing.assert_array_equal(loop, expected)
     np.testing.assert_array_equal(plausible_match_matrix(captions, images), expected)
+
+
+def test_caption_labels_match_images_holding_them_all_against_a_set_loop() -> None:
+    rng = np.random.default_rng(11)
+    names = [f"label{k}" for k in range(6)]
+
+    def some(low: int, high: int) -> tuple[str, ...]:
+        picked = rng.choice(len(names), size=rng.integers(low, high), replace=False)
+        return tuple(names[k] for k in sorted(picked))
+
+    images = [ImageRecord(f"i{n}", Path("x.png"), "test", some(0, 5)) for n in range(30)]
+    captions = [
+        CaptionRecord(f"c{n}", f"i{rng.integers(30)}", "words", "test", labels=some(0, 3))
+        for n in range(80)
+    ]
+    expected = np.array(
+        [
+            [all(label in im.labels for label in c.labels) if c.labels else c.image_id == im.id
+             for im in images]
+            for c in captions
+        ]
+    )  # fmt: skip
+    assert 0.05 < expected.mean() < 0.95
+    np.testing.assert_array_equal(
+        [[is_plausible_match(c, im) for im in images] for c in captions], expected
+    )
+    np.testing.assert_array_equal(plausible_match_matrix(captions, images), expected)
+
+
+def test_caption_labels_are_read_and_checked_against_label_names(tmp_path: Path) -> None:
+    captions = [{**CAPTIONS[0], "labels": ["red circle"]}, *CAPTIONS[1:]]
+    dataset = load_dataset(write_dataset(tmp_path / "ok", captions=captions))
+    assert dataset.captions[0].labels == ("red circle",)
+    assert caption_to_json(dataset.captions[0])["labels"] == ["red circle"]
+    bad = [{**CAPTIONS[0], "labels": ["green star"]}, *CAPTIONS[1:]]
+    with pytest.raises(DatasetError, match=r"captions.jsonl:1: labels \['green star'\]"):
+        load_dataset(write_dataset(tmp_path / "bad", captions=bad))
 
 
 # ---------------------------------------------------------------- loader fixtures
