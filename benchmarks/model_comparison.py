@@ -1,8 +1,9 @@
-"""Model comparison: train every model of RUNS with several seeds on one shapes dataset and write
-docs/results.md (mean ± sd over the seeds of every figure of `probsearch eval`) and
-docs/img/rejection.png.
+"""Model comparison: train every model of RUNS with several seeds on one dataset and write
+docs/results.md (shapes) or docs/results-clipart.md (clip art): mean ± sd over the seeds of every
+figure of `probsearch eval`, and the rejection plot in docs/img/.
 
-    .venv/bin/python benchmarks/model_comparison.py                  # the documented run
+    .venv/bin/python benchmarks/model_comparison.py                  # the documented shapes run
+    .venv/bin/python benchmarks/model_comparison.py --dataset clipart  # docs/results-clipart.md
     .venv/bin/python benchmarks/model_comparison.py --images 200 --epochs 1 --seeds 0,1 \
         --runs vse,pcmepp --work-dir /tmp/mc --doc /tmp/mc/results.md --img-dir /tmp/mc/img
 
@@ -38,13 +39,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.datasets.clipart import write_clipart
 from models.datasets.photos import write_photos
+from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
 from models.evaluation.evaluate import EvalConfig, evaluate_model
 from models.evaluation.report import write_report
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
-from service.demo import DEMO_COUNTERFACTUALS, DEMO_OUTLIERS, DEMO_TRUNK
+from service.demo import DEMO_COUNTERFACTUALS, DEMO_OUTLIER_RANKING, DEMO_OUTLIERS, DEMO_TRUNK
 
 
 @dataclass(frozen=True)
@@ -84,19 +87,35 @@ RUNS: tuple[Run, ...] = (
         {"variance_objective": "spread", "outlier_fraction": DEMO_OUTLIERS,
          **DEMO_COUNTERFACTUALS}, "w2", reference="vse-demo-trunk"),
 )
+# Clip art has no shapes scenes to swap, so the demo's recipe there is its trunk, the spread
+# variance and the synthetic outliers, without the counterfactuals.
+CLIPART_RUNS: tuple[Run, ...] = (
+    *(r for r in RUNS if r.name in ("vse", "gcie-w2", "pvse-k2")),
+    Run("demo", {"model_type": "gcie", "metric": "cosine", "variance_reads_only": True,
+                 **DEMO_TRUNK},
+        {"variance_objective": "spread", "outlier_fraction": DEMO_OUTLIERS,
+         "outlier_ranking_weight": DEMO_OUTLIER_RANKING}, "w2"),
+)
 # fmt: on
 BASELINE = "vse"
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = ".venv/bin/python benchmarks/model_comparison.py"
 DIRECTIONS = ("i2t", "t2i")
+# The training-free baselines of "Over the top-1" (uCLIP; models.scoring.baseline_scores):
+# shown beside the learned scores, never chosen as the reject score.
+BASELINES = ("top1_distance", "top1_margin", "top1_instability")
 SCORES = ("log_det", "entropy", "feature_uncertainty", "mutual_information", "posterior_entropy")
+SCORES += BASELINES
 LABELS = {
     "log_det": "log-det",
     "entropy": "entropy",
     "feature_uncertainty": "feat. unc.",
     "mutual_information": "MI",
     "posterior_entropy": "post. entropy",
+    "top1_distance": "top-1 dist.",
+    "top1_margin": "margin",
+    "top1_instability": "top-1 instab.",
 }
 RETRIEVAL = {"P@1": "P@1", "r_precision": "R-P", "pmrp": "PMRP", "R@1": "R@1"}
 RETRIEVAL |= {"R@1_ceiling": "R@1 ceiling", "R@5": "R@5", "R@10": "R@10"}
@@ -124,17 +143,26 @@ def save_marker(marker: Path, settings: dict, result: dict) -> None:
     marker.write_text(json.dumps({"settings": settings, "result": result}, indent=1) + "\n")
 
 
-def prepare_data(work: Path, images: int, seed: int) -> tuple[Path, float, bool]:
-    """The shapes dataset in work/data, the seconds it took to generate, whether reused."""
+def prepare_data(work: Path, args: argparse.Namespace) -> tuple[Path, float, bool]:
+    """The dataset in work/data, the seconds it took to make, whether reused."""
     data, marker = work / "data", work / "data.settings.json"
-    settings = {"images": images, "seed": seed}
+    settings = data_settings(args)
     if (saved := reusable(marker, settings)) is not None and (data / "dataset.json").is_file():
         return data, saved["seconds"], True
     started = time.perf_counter()
-    generate_shapes(data, images, seed, overwrite=True, progress=False)
+    if args.dataset == "clipart":
+        write_clipart(data, overwrite=True, progress=False)
+    else:
+        generate_shapes(data, args.images, args.data_seed, overwrite=True, progress=False)
     seconds = time.perf_counter() - started
     save_marker(marker, settings, {"seconds": seconds})
     return data, seconds, False
+
+
+def data_settings(args: argparse.Namespace) -> dict:
+    if args.dataset == "clipart":
+        return {"dataset": "clipart"}
+    return {"images": args.images, "seed": args.data_seed}
 
 
 def prepare_photos(work: Path) -> Path:
@@ -145,6 +173,25 @@ def prepare_photos(work: Path) -> Path:
     return photos
 
 
+SHAPES_PROBES = 48  # as many shapes images as photographs
+PROBE_NAMES = {"photos": "real photographs", "shapes_probes": "shapes images"}  # by folder
+
+
+def prepare_probes(work: Path, args: argparse.Namespace) -> list[Path]:
+    """The dataset-shift probe folders: real photographs, and for clip-art models also shapes
+    images (the first test images of a 600-image shapes dataset of seed 0)."""
+    probes = [prepare_photos(work)]
+    if args.dataset == "clipart":
+        shapes = work / "shapes_probes"
+        if not any(shapes.glob("*.png")):
+            source = generate_shapes(work / "shapes_data", 600, 0, overwrite=True, progress=False)
+            shapes.mkdir(parents=True, exist_ok=True)
+            for image in load_dataset(source, "test").images[:SHAPES_PROBES]:
+                shutil.copyfile(image.path, shapes / image.path.name)
+        probes.append(shapes)
+    return probes
+
+
 def train_run(run: Run, data: Path, work: Path, args: argparse.Namespace, seed: int) -> dict:
     """Train one model and seed into work/models/<name>/seed<seed>, or reuse it when trained
     with the same settings. Returns {"dir", "seconds", "best_epoch", "epochs_run", "reused"}."""
@@ -153,7 +200,7 @@ def train_run(run: Run, data: Path, work: Path, args: argparse.Namespace, seed: 
     settings = {
         "model": run.model,
         "training": {**run.training, "epochs": args.epochs, "seed": seed},
-        "data": {"images": args.images, "seed": args.data_seed},
+        "data": data_settings(args),
     }
     saved = reusable(marker, settings)
     if saved is not None and (out / "text_encoder.onnx").is_file():
@@ -192,7 +239,8 @@ def best_by_val(names: Iterable[str], val_rejection: dict) -> str:
 
 def val_choices(val: dict, metric: str) -> Choices:
     """Per direction: the val-chosen name ("<score>@T<t>" or "<score>") of each score, and the
-    reject score ("reject"): the score@T with the best val normalised AUPRC."""
+    reject score ("reject"): the learned score@T with the best val normalised AUPRC. The
+    training-free BASELINES are never chosen as it: they are what it is judged against."""
     choices: Choices = {}
     for d in DIRECTIONS:
         rejection = val["metrics"][metric][d]["rejection"]
@@ -201,7 +249,8 @@ def val_choices(val: dict, metric: str) -> Choices:
             variants = [n for n in names if n == score or n.startswith(f"{score}@T")]
             if variants:
                 choices[f"{d}/{score}"] = best_by_val(variants, rejection)
-        choices[f"{d}/reject"] = best_by_val(names, rejection)
+        learned = [n for n in names if n not in BASELINES]
+        choices[f"{d}/reject"] = best_by_val(learned, rejection)
     return choices
 
 
@@ -213,18 +262,27 @@ def retrieval_figures(test: dict, metric: str, section: str) -> Figures:
     }
 
 
+def probe_reports(test: dict, metric: str) -> dict[str, dict]:
+    """The dataset-shift sections of a test report by probe folder name."""
+    section = test["metrics"][metric]
+    return ({"photos": section["ood"]} if "ood" in section else {}) | section.get("ood_extra", {})
+
+
 def uncertainty_figures(test: dict, metric: str, choices: Choices) -> Figures:
-    """Test normalised AUPRC and Spearman with ambiguity of each val-chosen score; OOD AUROC
-    of the image-query scores chosen on val i2t."""
+    """Test normalised AUPRC and Spearman with ambiguity of each val-chosen score; for each
+    probe folder, the OOD AUROC and the share rejected (%) of the image-query scores chosen on
+    val i2t."""
     figures: Figures = {}
-    ood = test["metrics"][metric].get("ood", {}).get("auroc", {})
+    probes = probe_reports(test, metric)
     for key, name in choices.items():
         d, score = key.split("/")
         section = test["metrics"][metric][d]
         figures[f"nauprc/{d}/{score}"] = section["rejection"][name]["normalized_auprc"]
         figures[f"spearman/{d}/{score}"] = section["ambiguity_spearman"].get(name, math.nan)
-        if d == "i2t":
-            figures[f"ood/i2t/{score}"] = ood.get(name, math.nan)
+        for probe, shift in probes.items() if d == "i2t" else ():
+            figures[f"ood-{probe}/i2t/{score}"] = shift["auroc"].get(name, math.nan)
+            rejected = shift.get("rejected", {}).get(name, math.nan)
+            figures[f"shift-{probe}/i2t/{score}"] = 100.0 * rejected
     return figures
 
 
@@ -277,10 +335,15 @@ def cached_evaluation(
 
 
 def evaluate_run(
-    run: Run, trained: dict, data: Path, photos: Path, work: Path, seed: int
+    run: Run, trained: dict, data: Path, probes: list[Path], work: Path, seed: int
 ) -> SeedResult:
     """Evaluate one model on val and test; write the test report to work/reports/."""
-    config = EvalConfig(metrics=(run.metric, *run.extra), seed=seed, ood_dir=str(photos))
+    config = EvalConfig(
+        metrics=(run.metric, *run.extra),
+        seed=seed,
+        ood_dir=str(probes[0]),
+        extra_ood_dirs=tuple(str(p) for p in probes[1:]),
+    )
     val, test = cached_evaluation(
         trained, data, config, work / "reports" / run.name / f"seed{seed}"
     )
@@ -381,6 +444,12 @@ def retrieval_section(runs: list[Run], stats: Stats) -> list[str]:
     return lines
 
 
+def figure(stats: dict[str, Stat], key: str, digits: int) -> str:
+    """One figure's text; "n/a" when no seed has it (a score its report lacks, e.g. a baseline
+    of an evaluation cached before the baselines were added)."""
+    return stats[key].text(digits) if key in stats else "n/a"
+
+
 def uncertainty_section(runs: list[Run], stats: Stats, results: Results) -> list[str]:
     lines = []
     for d in DIRECTIONS:
@@ -389,7 +458,7 @@ def uncertainty_section(runs: list[Run], stats: Stats, results: Results) -> list
         for run in runs:
             cells = [run.name]
             for score in SCORES:
-                cell = stats[run.name][f"nauprc/{d}/{score}"].text(3)
+                cell = figure(stats[run.name], f"nauprc/{d}/{score}", 3)
                 if score in ("mutual_information", "posterior_entropy"):
                     cell += f" [{chosen_names(results[run.name], f'{d}/{score}')}]"
                 cells.append(cell)
@@ -398,10 +467,8 @@ def uncertainty_section(runs: list[Run], stats: Stats, results: Results) -> list
             rows.append(cells)
         lines += [f"### {d}: normalised AUPRC on test", "", *table(header, rows), ""]
         header = ["model", *(LABELS[s] for s in SCORES), "reject score"]
-        rows = [
-            [run.name, *(stats[run.name][f"spearman/{d}/{s}"].text(2) for s in (*SCORES, "reject"))]
-            for run in runs
-        ]
+        keys = [f"spearman/{d}/{s}" for s in (*SCORES, "reject")]
+        rows = [[run.name, *(figure(stats[run.name], k, 2) for k in keys)] for run in runs]
         lines += [
             f"### {d}: Spearman with ln(#plausible matches), test",
             "",
@@ -411,21 +478,33 @@ def uncertainty_section(runs: list[Run], stats: Stats, results: Results) -> list
     return lines
 
 
-def ood_section(runs: list[Run], stats: Stats, photos: int) -> list[str]:
-    header = ["model", *(LABELS[s] for s in SCORES), "reject score (val-chosen, i2t)"]
-    rows = [
-        [run.name, *(stats[run.name][f"ood/i2t/{s}"].text(3) for s in (*SCORES, "reject"))]
-        for run in runs
+def ood_section(runs: list[Run], stats: Stats, probes: dict[str, int], dataset: str) -> list[str]:
+    """Per probe folder: each image-query score's AUROC, and how often the reject score and
+    the log-det refuse a probe at the threshold that refuses 5% of the test images."""
+    lines = [
+        f"AUROC of each image-query score for telling the probes from the {dataset} test images "
+        "(1 = every probe more uncertain than every test image, 0.5 = chance); temperatures and "
+        "the reject score as chosen on val i2t. Rejected: the share of probes above the score's "
+        "95th percentile over the test images, i.e. at a threshold that refuses 5% of them.",
+        "",
     ]
-    intro = (
-        f"AUROC of each image-query score for telling {photos} real photographs from the shapes "
-        "test images (1 = every photograph more uncertain than every shapes image, 0.5 = chance); "
-        "temperatures and the reject score as chosen on val i2t."
-    )
-    return [intro, "", *table(header, rows)]
+    for probe, count in probes.items():
+        header = ["model", *(LABELS[s] for s in SCORES), "reject score (val-chosen, i2t)"]
+        header += ["rejected % (reject score)", "rejected % (log-det)"]
+        rows = []
+        for run in runs:
+            s = stats[run.name]
+            cells = [figure(s, f"ood-{probe}/i2t/{score}", 3) for score in (*SCORES, "reject")]
+            cells += [figure(s, f"shift-{probe}/i2t/{score}", 1) for score in ("reject", "log_det")]
+            rows.append([run.name, *cells])
+        lines += [f"### {count} {PROBE_NAMES.get(probe, probe)}", "", *table(header, rows), ""]
+    return lines
 
 
 def crop_section(runs: list[Run], stats: Stats) -> list[str]:
+    if not any(stats[run.name]["crop/-/tuples"].mean > 0 for run in runs):
+        return ["Not run: the experiment re-renders single objects of a shapes scene, and this "
+                "dataset has no scenes to re-render."]  # fmt: skip
     header = ["model", "tuples", "text: A larger %", "image: A larger %"]
     header += [f"{d} {p}" for d in DIRECTIONS for p in ("A", "A+B")]
     rows = []
@@ -478,6 +557,41 @@ def compare(name: str, reference: str, stats: Stats, with_rejection: bool = Fals
             parts.append(f"reject nAUPRC {verdict(stats[name][key], stats[reference][key], 3)}")
         lines.append(f"  - {d}: " + "; ".join(parts) + ".")
     return lines
+
+
+def best_baseline(stats: dict[str, Stat], d: str) -> str | None:
+    """The training-free baseline with the best mean test nAUPRC in direction d (the first on
+    a tie; None when none has a finite value): the hardest of them for the reject score."""
+    means = {b: stats[k].mean for b in BASELINES if (k := f"nauprc/{d}/{b}") in stats}
+    finite = [b for b in means if math.isfinite(means[b])]
+    return max(finite, key=lambda b: means[b]) if finite else None
+
+
+def baseline_line(name: str, d: str, stats: dict[str, Stat]) -> str:
+    """Whether the val-chosen learned reject score of run `name` beats the best baseline in d
+    on test nAUPRC, by `verdict` (inside the larger sd is no difference)."""
+    baseline = best_baseline(stats, d)
+    if baseline is None or f"nauprc/{d}/reject" not in stats:
+        return f"- {name}, {d}: not judged (no baseline or reject score figures)."
+    said = verdict(stats[f"nauprc/{d}/reject"], stats[f"nauprc/{d}/{baseline}"], 3)
+    outcome = {"ahead": "beats it", "not": "not judged"}.get(said.split()[0], "does not beat it")
+    return (
+        f"- {name}, {d}: reject score nAUPRC {said} against {LABELS[baseline]}, "
+        f"the best training-free baseline: {outcome}."
+    )
+
+
+def baseline_findings(runs: list[Run], stats: Stats) -> list[str]:
+    """One line per run and direction: the learned reject score against the baselines."""
+    lines = [baseline_line(r.name, d, stats[r.name]) for r in runs for d in DIRECTIONS]
+    return [
+        "Test nAUPRC of each model's reject score (chosen on val among its learned scores) "
+        "against the training-free baseline with the best mean test nAUPRC: the top-1 distance, "
+        "the margin between the first two results, or the top-1's instability under MC draws "
+        "('Over the top-1', uCLIP). A learned score is worth shipping only where it beats it.",
+        "",
+        *lines,
+    ]
 
 
 def _point(run: Run) -> bool:
@@ -601,6 +715,18 @@ def cpu_model() -> str:
     return next(found, platform.processor() or "unknown CPU")
 
 
+DATASET_TITLES = {"shapes": "shapes", "clipart": "clip-art"}
+
+
+def data_line(args: argparse.Namespace, meta: dict) -> str:
+    if args.dataset == "clipart":
+        return (
+            f"clip art (`probsearch data clipart`: Debian's openclipart-svg, "
+            f"{meta['num_images']} drawings, {meta['num_captions']} captions)"
+        )
+    return f"shapes, {args.images} images, data seed {args.data_seed}"
+
+
 def setup_lines(
     args: argparse.Namespace, runs: list[Run], results: Results, info: dict
 ) -> list[str]:
@@ -616,7 +742,7 @@ def setup_lines(
     made_here = fresh * 60 + (0.0 if info["data_reused"] else info["data_seconds"])
     scratch = info["wall"] - made_here + total * 60 + info["data_seconds"]
     return [
-        f"- data: shapes, {args.images} images, data seed {args.data_seed}, splits "
+        f"- data: {data_line(args, meta)}, splits "
         f"{meta['splits']}; figures on the test split ({first['data']['images']} images, "
         f"{first['data']['captions']} captions), choices on the val split.",
         f"- seeds: training seeds {', '.join(map(str, args.seeds))} per model (the evaluation's MC "
@@ -628,7 +754,9 @@ def setup_lines(
         "the training table.",
         f"- evaluation: models.evaluation.evaluate, {settings['mc_samples']} MC-dropout draws, "
         f"scores over the top {settings['shortlist_size']}, T in {settings['temperatures']} chosen "
-        f"per score and direction on val; OOD: {info['photos']} real photographs.",
+        f"per score and direction on val; dataset shift: "
+        + ", ".join(f"{n} {PROBE_NAMES.get(k, k)}" for k, n in info["probes"].items())
+        + ".",
         f"- machine: {os.cpu_count()}-core {cpu_model()}, torch {torch.__version__} on CPU with "
         f"1 thread, Python {platform.python_version()}; load average (1 min) "
         f"{info['load'][0]:.2f} at start, {info['load'][1]:.2f} at end (timings are indicative on "
@@ -650,8 +778,11 @@ HOW_TO_READ = """\
   recalls; R@1 ceiling is the exact R@1 of a model that answers with a random plausible match.
 - nAUPRC = (AUPRC - random) / (oracle - random) of precision against the fraction of queries
   kept, rejecting the most uncertain first: 0 is chance, 1 the oracle. The temperature of MI and
-  posterior entropy (shown per seed in brackets) and the reject score (the score@T with the best
-  val nAUPRC, as `probsearch calibrate` chooses) are chosen on val and read on test.
+  posterior entropy (shown per seed in brackets) and the reject score (the learned score@T with
+  the best val nAUPRC, as `probsearch calibrate` chooses) are chosen on val and read on test.
+- top-1 dist., margin and top-1 instab. are the training-free baselines of "Over the top-1"
+  (uCLIP): the distance to the first result, minus its gap to the second, and the fraction of
+  MC draws whose first result is another one. They are never chosen as the reject score.
 - Spearman: rank correlation of a score with ln(#plausible matches) of the query; positive
   means vaguer queries get larger uncertainty. n/a: the score is constant (a point modality's
   log-det) or needs MC draws.
@@ -678,23 +809,27 @@ def render(args: argparse.Namespace, runs: list[Run], results: Results, info: di
             "Findings: each model against vse, and pvse against the best Gaussian model",
             findings(runs, stats),
         ),
+        (
+            "Findings: the learned reject score against the training-free baselines",
+            baseline_findings(runs, stats),
+        ),
         ("Retrieval (%, test)", retrieval_section(runs, stats)),
         (
             "Uncertainty: rejection and ambiguity (test, choices on val)",
             uncertainty_section(runs, stats, results),
         ),
         (
-            "Dataset shift: real photographs as image queries",
-            ood_section(runs, stats, info["photos"]),
+            "Dataset shift: images unlike the training data as image queries",
+            ood_section(runs, stats, info["probes"], DATASET_TITLES[args.dataset]),
         ),
         ("Crop experiment (Pishdad et al. 4.6)", crop_section(runs, stats)),
         ("Variance health (test galleries)", health_section(runs, stats)),
         ("How to read this", [HOW_TO_READ]),
     ]
     out = [
-        "# Results: point vs Gaussian embeddings on the shapes data",
+        f"# Results: point vs Gaussian embeddings on the {DATASET_TITLES[args.dataset]} data",
         "",
-        f"Generated by `{COMMAND}`; do not edit by hand. Every figure is mean ± sd over "
+        f"Generated by `{args.command}`; do not edit by hand. Every figure is mean ± sd over "
         f"{len(args.seeds)} training seeds.",
         "",
     ]
@@ -718,22 +853,28 @@ def render(args: argparse.Namespace, runs: list[Run], results: Results, info: di
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=("shapes", "clipart"), default="shapes")
     parser.add_argument("--images", type=int, default=2000, help="shapes images to generate")
     parser.add_argument("--data-seed", type=int, default=0, help="seed of the shapes dataset")
     parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
     parser.add_argument("--epochs", type=int, default=30, help="maximum training epochs")
     parser.add_argument("--runs", default="", help="comma list of RUNS names (default: all)")
-    parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "model_comparison")
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "results.md")
+    parser.add_argument("--work-dir", type=Path, help="default: runs/model_comparison[_clipart]")
+    parser.add_argument("--doc", type=Path, help="default: docs/results.md or results-clipart.md")
     parser.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args()
+    clipart = args.dataset == "clipart"
+    args.work_dir = args.work_dir or ROOT / "runs" / ("model_comparison" + "_clipart" * clipart)
+    args.doc = args.doc or ROOT / "docs" / ("results-clipart.md" if clipart else "results.md")
+    args.plot_name = "rejection-clipart.png" if clipart else "rejection.png"
     args.command = " ".join([COMMAND, *sys.argv[1:]])
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
-    unknown = set(names) - {r.name for r in RUNS}
+    runs = CLIPART_RUNS if clipart else RUNS
+    unknown = set(names) - {r.name for r in runs}
     if unknown or not args.seeds:
         parser.error(f"unknown runs {sorted(unknown)}" if unknown else "--seeds is empty")
-    args.selected = [r for r in RUNS if not names or r.name in names]
+    args.selected = [r for r in runs if not names or r.name in names]
     return args
 
 
@@ -748,8 +889,8 @@ def main() -> None:
     # One torch thread: results then do not depend on the core count (two threads change the
     # float reduction order), and on a shared 2-core machine two threads ran 5-10x slower.
     torch.set_num_threads(1)
-    data, data_seconds, data_reused = prepare_data(args.work_dir, args.images, args.data_seed)
-    photos = prepare_photos(args.work_dir)
+    data, data_seconds, data_reused = prepare_data(args.work_dir, args)
+    probes = prepare_probes(args.work_dir, args)
     trained = {
         (run.name, seed): train_run(run, data, args.work_dir, args, seed)
         for run in args.selected
@@ -758,7 +899,7 @@ def main() -> None:
     results, eval_seconds = timed(
         lambda: {
             run.name: [
-                evaluate_run(run, trained[run.name, s], data, photos, args.work_dir, s)
+                evaluate_run(run, trained[run.name, s], data, probes, args.work_dir, s)
                 for s in args.seeds
             ]
             for run in args.selected
@@ -766,13 +907,13 @@ def main() -> None:
     )
     stats = {name: aggregate(rs) for name, rs in results.items()}
     shown = plot_run(args.selected, stats)
-    plot_path = args.img_dir / "rejection.png"
+    plot_path = args.img_dir / args.plot_name
     plot_rejection(shown, results[shown.name][0], args.seeds[0], plot_path)
     info = {
         "data": data,
         "data_seconds": data_seconds,
         "data_reused": data_reused,
-        "photos": len(list(photos.glob("*.png"))),
+        "probes": {p.name: len(list(p.glob("*.png"))) for p in probes},
         "eval": eval_seconds,
         "load": (load_start, os.getloadavg()[0]),
         "wall": time.perf_counter() - started,

@@ -40,6 +40,7 @@ from models.networks.model_config import ModelConfig
 from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR, max_pair_distance, shortlist_max_pair_distance
+from models.scoring.baseline_scores import baseline_scores
 from models.scoring.query_scores import (
     TEMPERATURE_SCORES,
     CaptionFit,
@@ -84,6 +85,7 @@ class EvalConfig:
     deciles: int = 10
     histogram_bins: int = 30
     ood_dir: str | None = None  # images unlike the dataset (e.g. photographs), for dataset shift
+    extra_ood_dirs: tuple[str, ...] = ()  # more such folders, reported apart by folder name
 
     def __post_init__(self) -> None:
         for metric in self.metrics:
@@ -243,8 +245,10 @@ def direction_scores(
     caption_query: bool | None = None,
 ) -> dict[str, np.ndarray]:
     """Every uncertainty score of every query over its shortlist (models.scoring), with the
-    temperature-dependent ones once per temperature, named "<score>@T<t>". caption_query: the
-    queries are captions (True) or images (False), for top_mahalanobis; None leaves it out."""
+    temperature-dependent ones once per temperature, named "<score>@T<t>", then the
+    training-free baselines (models.scoring.baseline_scores) the learned ones must beat.
+    caption_query: the queries are captions (True) or images (False), for top_mahalanobis;
+    None leaves it out."""
     device = torch_device(config.device)
     parts: dict[str, list[np.ndarray]] = {}
     has_draws = queries.mc_mu is not None and queries.mc_mu.shape[0] >= 1
@@ -281,7 +285,18 @@ def direction_scores(
                     parts.setdefault(f"{name}@T{temperature:g}", []).append(values)
                 elif t == 0:
                     parts.setdefault(name, []).append(values)
+        for name, values in chunk_baselines(distances, mc_distances).items():
+            parts.setdefault(name, []).append(values)
     return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+def chunk_baselines(
+    distances: torch.Tensor, mc_distances: torch.Tensor | None
+) -> dict[str, np.ndarray]:
+    """The training-free baselines of a chunk of queries from its shortlist distances (c, m)
+    and its draws' (L, c, m): they do not depend on the temperature, so computed once."""
+    draws = None if mc_distances is None else mc_distances.double().cpu().numpy()
+    return baseline_scores(distances.double().cpu().numpy(), draws)
 
 
 def max_pair_shortlist_distances(
@@ -505,6 +520,7 @@ def evaluate_model(
         "metrics": {},
     }
     ood = _ood_images(config.ood_dir, embedded, config) if config.ood_dir else None
+    extra = {Path(d).name: _ood_images(d, embedded, config) for d in config.extra_ood_dirs}
     for metric in metrics:
         logger.info("evaluating %s", metric)
         per_direction, image_query_scores = {}, {}
@@ -520,6 +536,11 @@ def evaluate_model(
             report["metrics"][metric]["ood"] = ood_auroc(
                 metric, ood, embedded.captions, image_query_scores, config
             )
+        if extra:
+            report["metrics"][metric]["ood_extra"] = {
+                name: ood_auroc(metric, probes, embedded.captions, image_query_scores, config)
+                for name, probes in extra.items()
+            }
     report["crop"] = crop_experiment(embedded, metrics, config)
     return report
 
@@ -548,7 +569,9 @@ def ood_auroc(
     config: EvalConfig,
 ) -> dict:
     """Dataset shift (Hama et al. 4.5): AUROC of each score for telling the out-of-distribution
-    image queries from the split's own images (higher = the OOD images look more uncertain)."""
+    image queries from the split's own images (higher = the OOD images look more uncertain),
+    and the fraction of them each score rejects at the threshold that rejects
+    SHIFT_FALSE_REJECTION of the split's own images."""
     device = torch_device(config.device)
     chunks = distance_chunks(metric, ood, captions, config.chunk_size, device, config.seed)
     m = min(config.shortlist_size, captions.mu.shape[0])
@@ -556,11 +579,20 @@ def ood_auroc(
         [torch.topk(d, m, dim=1, largest=False).indices.cpu().numpy() for _, d in chunks]
     )  # (Q_ood, m)
     scores = direction_scores(metric, ood, captions, shortlist, config, caption_query=False)
+    shared = [name for name in scores if name in in_distribution]
     return {
         "images": int(ood.mu.shape[0]),
-        "auroc": {
-            name: auroc(in_distribution[name], values)
-            for name, values in scores.items()
-            if name in in_distribution
-        },
+        "auroc": {name: auroc(in_distribution[name], scores[name]) for name in shared},
+        "rejected": {name: rejected_share(in_distribution[name], scores[name]) for name in shared},
     }
+
+
+SHIFT_FALSE_REJECTION = 0.05
+
+
+def rejected_share(in_distribution: np.ndarray, shifted: np.ndarray) -> float:
+    """Fraction of `shifted` strictly above the (1 - SHIFT_FALSE_REJECTION) quantile of
+    `in_distribution`: how often a threshold that refuses 5% of the dataset's own queries
+    refuses the shifted ones."""
+    threshold = np.quantile(in_distribution, 1.0 - SHIFT_FALSE_REJECTION)
+    return float(np.mean(shifted > threshold))

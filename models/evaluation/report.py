@@ -92,7 +92,9 @@ def _rejection_section(report: dict) -> list[str]:
         "",
         "AUPRC: mean precision (plausible P@1) of the kept queries over the fraction kept, "
         "rejecting the most uncertain first; normalised = (AUPRC - random) / (oracle - random). "
-        "Spearman amb.: rank correlation of the score with ln(#plausible matches) of the query.",
+        "Spearman amb.: rank correlation of the score with ln(#plausible matches) of the query. "
+        "top1_distance, top1_margin and top1_instability are training-free baselines ('Over the "
+        "top-1', uCLIP): a learned score is worth shipping only where it beats them.",
         "",
         *_table(header, rows),
         "",
@@ -101,7 +103,7 @@ def _rejection_section(report: dict) -> list[str]:
 
 def _ood_section(report: dict) -> list[str]:
     rows = [
-        [metric, name, _fmt(value, 3)]
+        [metric, name, _fmt(value, 3), _fmt(100 * result["ood"]["rejected"][name], 1)]
         for metric, result in report["metrics"].items()
         if "ood" in result
         for name, value in result["ood"]["auroc"].items()
@@ -113,9 +115,10 @@ def _ood_section(report: dict) -> list[str]:
         "## Dataset shift (image queries)",
         "",
         f"AUROC of each score for telling {count} out-of-distribution images from the split's "
-        "own images (1 = every OOD image scores as more uncertain, 0.5 = chance).",
+        "own images (1 = every OOD image scores as more uncertain, 0.5 = chance), and the "
+        "share of them rejected at the threshold that rejects 5% of the split's own images.",
         "",
-        *_table(["metric", "score", "AUROC"], rows),
+        *_table(["metric", "score", "AUROC", "rejected %"], rows),
         "",
     ]
 

@@ -23,9 +23,11 @@ from models.evaluation.evaluate import (
     embed_split,
     evaluate_direction,
     evaluate_model,
+    rejected_share,
 )
 from models.evaluation.report import write_report
 from models.onnx.encoder_runtime import Embeddings
+from models.scoring.baseline_scores import BASELINE_NAMES
 from models.scoring.uncertainty import mutual_information
 
 CONFIG = EvalConfig(metrics=("w2", "kl"), mc_samples=3, seed=0, shortlist_size=20)
@@ -89,7 +91,7 @@ def test_report_is_consistent(report: dict, embedded: SplitEmbeddings) -> None:
             assert rejection["random"]["auprc"] == pytest.approx(retrieval["P@1"] / 100)
             assert rejection["oracle"]["auprc"] >= rejection["random"]["auprc"]
             methods = {"log_det", "entropy", "feature_uncertainty", "top_mahalanobis"}
-            methods |= {"random", "oracle"}
+            methods |= {"random", "oracle", *BASELINE_NAMES}  # the baselines once, not per T
             for t in CONFIG.temperatures:
                 methods |= {f"mutual_information@T{t:g}", f"posterior_entropy@T{t:g}"}
             assert set(rejection) == methods
@@ -145,6 +147,54 @@ def test_scores_use_each_querys_own_shortlist(embedded: SplitEmbeddings) -> None
             assert values[f"posterior_entropy@T{t:g}"][q] == pytest.approx(entropy, abs=1e-5)
     log_dets = queries.logvar.astype(np.float64).sum(axis=1)
     assert values["log_det"] == pytest.approx(log_dets, rel=1e-5)
+
+
+def clear_first(row: list[float], tolerance: float = 1e-4) -> int | None:
+    """The index of a row's first result by sorted() (the earlier on a tie), or None when the
+    second is so close that the rounding of another computation could swap them."""
+    order = sorted(range(len(row)), key=lambda m: (row[m], m))
+    gap = row[order[1]] - row[order[0]]
+    return None if gap <= tolerance * max(1.0, abs(row[order[0]])) else order[0]
+
+
+def loop_instability(row: list[float], draws: list[list[float]]) -> tuple[float, float]:
+    """Bounds on the fraction of draws whose first result is not the row's: exact unless a
+    near tie makes a first result uncertain (then it may go either way)."""
+    first = clear_first(row)
+    firsts = [clear_first(draw) for draw in draws]
+    low = sum(first is not None and f is not None and f != first for f in firsts)
+    high = sum(first is None or f is None or f != first for f in firsts)
+    return low / len(draws), high / len(draws)
+
+
+def test_baselines_come_from_each_querys_own_shortlist(embedded: SplitEmbeddings) -> None:
+    """top1_distance, top1_margin and top1_instability of direction_scores against a loop over
+    each query's sorted shortlist distances and its draws' own first results."""
+    queries, gallery = embedded.images, embedded.captions
+    rng = np.random.default_rng(1)
+    shortlist = np.stack([rng.permutation(gallery.mu.shape[0])[:6] for _ in queries.mu])
+    chunked = dataclasses.replace(CONFIG, chunk_size=7)  # several chunks of queries
+    values = direction_scores("kl", queries, gallery, shortlist, chunked, caption_query=False)
+    candidates = [torch.from_numpy(a) for a in (gallery.mu, gallery.logvar)]
+
+    def distances(mu: np.ndarray, logvar: np.ndarray, q: int) -> list[float]:
+        one = [torch.from_numpy(a[q : q + 1]) for a in (mu, logvar)]
+        rows = [c[shortlist[q]] for c in candidates]
+        return pairwise_distance("kl", *one, *rows)[0].double().tolist()  # (6,)
+
+    for q in range(len(queries.mu)):
+        row = distances(queries.mu, queries.logvar, q)
+        ranked = sorted(row)
+        assert values["top1_distance"][q] == pytest.approx(ranked[0], rel=1e-5)
+        assert values["top1_margin"][q] == pytest.approx(ranked[0] - ranked[1], abs=1e-4)
+        draws = [
+            distances(queries.mc_mu[draw], queries.mc_logvar[draw], q)
+            for draw in range(queries.mc_mu.shape[0])
+        ]
+        low, high = loop_instability(row, draws)
+        assert low - 1e-12 <= values["top1_instability"][q] <= high + 1e-12
+    assert not any(name.startswith("top1_") and "@T" in name for name in values)
+    assert 0 < values["top1_instability"].max() <= 1  # the draws of this model do move
 
 
 def brute_plausible(distances: np.ndarray, plausible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -222,6 +272,8 @@ def test_report_files(report: dict, tmp_path: Path) -> None:
     )
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "## Retrieval" in markdown and "## Crop experiment" in markdown
+    for name in ("top1_distance", "top1_margin", "top1_instability"):
+        assert f"| w2 | t2i | {name} |" in markdown and f"| kl | i2t | {name} |" in markdown
     for path in written:
         if path.suffix == ".png":
             with Image.open(path) as image:
@@ -319,3 +371,14 @@ def test_by_default_each_direction_is_ranked_with_the_services_metric_for_it(
     for direction, metric in (("t2i", "w2"), ("i2t", "kl")):
         assert ranked[direction]["retrieval"] == report["metrics"][metric][direction]["retrieval"]
     assert report["metrics"]["w2"]["i2t"]["retrieval"] != ranked["i2t"]["retrieval"]
+
+
+def test_rejected_share_counts_the_probes_above_the_95th_percentile() -> None:
+    own = np.arange(1, 101, dtype=np.float64)  # 95th percentile (linear): 95.05
+    probes = np.array([50.0, 95.0, 95.06, 100.0, 1e9])
+    assert rejected_share(own, probes) == pytest.approx(3 / 5)
+    rng = np.random.default_rng(3)
+    many = rng.normal(size=20_000)
+    assert rejected_share(many, many) == pytest.approx(0.05, abs=1e-3)
+    brute = sorted(many)[int(0.95 * (len(many) - 1)) + 1]  # smallest value above the quantile
+    assert rejected_share(many, np.array([brute])) == 1.0

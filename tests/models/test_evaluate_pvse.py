@@ -26,9 +26,10 @@ from models.evaluation.evaluate import (
 )
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.onnx.encoder_runtime import Embeddings
+from models.scoring.baseline_scores import BASELINE_NAMES
 from models.scoring.uncertainty import mutual_information
 from models.training.train import train
-from tests.models.test_evaluate import brute_plausible, brute_recalls
+from tests.models.test_evaluate import brute_plausible, brute_recalls, loop_instability
 
 K = 3
 CONFIG = EvalConfig(metrics=("max_pair",), mc_samples=3, seed=0, shortlist_size=8, chunk_size=7)
@@ -65,8 +66,14 @@ def embedded(model_dir: Path, data_dir: Path) -> SplitEmbeddings:
 
 
 @pytest.fixture(scope="module")
-def report(model_dir: Path, data_dir: Path, ood_dir: Path) -> dict:
-    config = dataclasses.replace(CONFIG, ood_dir=str(ood_dir))
+def report(model_dir: Path, data_dir: Path, ood_dir: Path, tmp_path_factory) -> dict:
+    """Evaluated with the noise images as the OOD folder, and again as an extra folder of
+    another name, which must be judged the same way."""
+    extra = tmp_path_factory.mktemp("probes") / "more_noise"
+    extra.mkdir()
+    for png in ood_dir.glob("*.png"):
+        (extra / png.name).write_bytes(png.read_bytes())
+    config = dataclasses.replace(CONFIG, ood_dir=str(ood_dir), extra_ood_dirs=(str(extra),))
     return evaluate_model(model_dir, data_dir, "test", config)
 
 
@@ -150,6 +157,11 @@ def test_scores_come_from_the_max_pair_distances_of_the_draws(embedded: SplitEmb
             expected = float(mutual_information(torch.from_numpy(draws), t)[0])
             assert values[f"mutual_information@T{t:g}"][q] == pytest.approx(expected, abs=1e-5)
         deterministic = brute_max_pair(queries.embeddings[q : q + 1], candidates)[0]  # (5,)
+        ranked = sorted(deterministic.tolist())
+        assert values["top1_distance"][q] == pytest.approx(ranked[0], abs=1e-5)
+        assert values["top1_margin"][q] == pytest.approx(ranked[0] - ranked[1], abs=1e-5)
+        low, high = loop_instability(deterministic.tolist(), draws[:, 0].tolist())
+        assert low - 1e-12 <= values["top1_instability"][q] <= high + 1e-12
         p = np.exp(-deterministic / 0.1) / np.exp(-deterministic / 0.1).sum()
         want = -(p * np.log(p)).sum()
         # without draws the posterior entropy is that of the deterministic distances
@@ -162,7 +174,7 @@ def test_scores_come_from_the_max_pair_distances_of_the_draws(embedded: SplitEmb
 
 def test_report_has_every_figure_for_max_pair(report: dict) -> None:
     result = report["metrics"]["max_pair"]
-    scores = {"log_det", "entropy", "feature_uncertainty"}
+    scores = {"log_det", "entropy", "feature_uncertainty", *BASELINE_NAMES}
     for t in CONFIG.temperatures:
         scores |= {f"mutual_information@T{t:g}", f"posterior_entropy@T{t:g}"}
     for direction in ("i2t", "t2i"):
@@ -174,6 +186,9 @@ def test_report_has_every_figure_for_max_pair(report: dict) -> None:
             section["retrieval"]["P@1"] / 100
         )
     assert result["ood"]["images"] == 3 and set(result["ood"]["auroc"]) == scores
+    assert set(result["ood"]["rejected"]) == scores
+    assert all(0.0 <= share <= 1.0 for share in result["ood"]["rejected"].values())
+    assert result["ood_extra"] == {"more_noise": result["ood"]}
     assert report["crop"]["tuples"] > 0
     assert set(report["crop"]["metrics"]) == {"max_pair"}
 
