@@ -55,6 +55,7 @@ from indexer.store import (
     write_version_indexes,
 )
 from models.distance.gaussian import check_metric
+from models.networks.model_config import model_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -124,24 +125,6 @@ class PublishResult:
     report: dict[str, Any]
     reused_chunks: int
     calibration_note: str = ""
-
-
-def model_fingerprint(model_dir: Path, modality: str) -> tuple[str, str]:
-    """(model name, sha256 over model.json and the modality's ONNX encoder)."""
-    from models.networks.model_config import (
-        IMAGE_ONNX_FILE,
-        MODEL_FILE,
-        TEXT_ONNX_FILE,
-        ModelConfig,
-    )
-
-    config = ModelConfig.load(model_dir)
-    digest = hashlib.sha256()
-    for name in (MODEL_FILE, IMAGE_ONNX_FILE if modality == "image" else TEXT_ONNX_FILE):
-        with open(model_dir / name, "rb") as f:
-            while block := f.read(1 << 22):
-                digest.update(block)
-    return config.name, digest.hexdigest()
 
 
 def new_version_name(key: str) -> str:

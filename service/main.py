@@ -13,11 +13,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from indexer.publish import model_fingerprint
 from indexer.shortlist_backends import make_backend
 from indexer.store import IndexVersion
 from indexer.threads import apply_thread_budget
-from models.networks.model_config import ModelConfig
+from models.networks.model_config import ModelConfig, model_fingerprint
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.scoring.rerank import compute_device
 from models.threads import thread_budget

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -250,6 +251,18 @@ class ModelConfig:
             return cls.from_dict(data)
         except TypeError as e:
             raise ConfigError(f"{path}: {e}") from e
+
+
+def model_fingerprint(model_dir: Path, modality: str) -> tuple[str, str]:
+    """(model name, sha256 over model.json and the modality's ONNX encoder): the identity an
+    index version records, and the service checks, of the model that embedded its gallery."""
+    config = ModelConfig.load(model_dir)
+    digest = hashlib.sha256()
+    for name in (MODEL_FILE, IMAGE_ONNX_FILE if modality == "image" else TEXT_ONNX_FILE):
+        with open(model_dir / name, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+    return config.name, digest.hexdigest()
 
 
 def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
