@@ -184,7 +184,11 @@ def synthetic_gallery(work: Path, model: Path, count: int, metrics: tuple[str, .
     from indexer.manifest import Calibration, Manifest, checksum_dir, write_manifest
     from indexer.publish import verify_version
     from indexer.registry import ActiveRegistry
-    from indexer.store import served_metrics, write_arrays_and_metadata, write_version_indexes
+    from indexer.version_writer import (
+        served_metrics,
+        write_arrays_and_metadata,
+        write_version_indexes,
+    )
     from models.networks.model_config import ModelConfig, model_fingerprint
 
     dim = ModelConfig.load(model).embed_dim

@@ -35,7 +35,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from indexer.manifest import Calibration, read_manifest, sha256_file, write_manifest
-from indexer.store import IndexVersion, update_calibration
+from indexer.store import IndexVersion
+from indexer.version_writer import update_calibration
 from models.datasets.outliers import synthetic_outliers
 from models.datasets.records import (
     CaptionRecord,

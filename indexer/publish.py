@@ -46,10 +46,9 @@ from indexer.registry import ActiveRegistry
 from indexer.report import build_report, check_bad_fraction, write_report
 from indexer.shortlist_backends import make_backend
 from indexer.sources import GallerySource, open_source
-from indexer.store import (
-    REPORT_NAME,
+from indexer.store import REPORT_NAME, open_version
+from indexer.version_writer import (
     families_for,
-    open_version,
     served_metrics,
     write_arrays_and_metadata,
     write_version_indexes,

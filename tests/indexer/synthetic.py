@@ -8,7 +8,7 @@ import numpy as np
 
 from indexer.manifest import Calibration, Manifest, checksum_dir, write_manifest
 from indexer.registry import ActiveRegistry
-from indexer.store import served_metrics, write_arrays_and_metadata, write_version_indexes
+from indexer.version_writer import served_metrics, write_arrays_and_metadata, write_version_indexes
 
 LOGVAR_MIN, LOGVAR_MAX = np.log(0.1), np.log(10.0)
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from indexer.manifest import Calibration, ManifestError, read_manifest, verify_checksums
-from indexer.store import UnsupportedMetricError, open_version, update_calibration
+from indexer.store import UnsupportedMetricError, open_version
+from indexer.version_writer import update_calibration
 from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
 
 

@@ -24,7 +24,7 @@ from indexer.calibration import (
 )
 from indexer.manifest import read_manifest, verify_checksums
 from indexer.registry import ActiveRegistry
-from indexer.store import update_calibration
+from indexer.version_writer import update_calibration
 from models.scoring.query_scores import SCORE_NAMES
 from tests.service.conftest import (
     PROBSEARCH,

@@ -12,7 +12,7 @@ from pytest_redis.executor.process import RedisExecutor
 
 from indexer.manifest import Calibration, read_manifest
 from indexer.registry import ActiveRegistry
-from indexer.store import update_calibration
+from indexer.version_writer import update_calibration
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
 from tests.service.conftest import (
