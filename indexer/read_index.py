@@ -1,4 +1,5 @@
-"""Query-time index classes (the read side): a family's FAISS index searched in Gaussian terms.
+"""Query-time index classes (the read side): a family's FAISS index, read from its file in a
+version dir onto the device, searched in Gaussian terms.
 
 Search parameters (nprobe / efSearch) are stored per family and passed with every search call,
 never set on the shared index. Duplicate embeddings are indexed once and expanded here.
@@ -7,11 +8,13 @@ never set on the shared index. Duplicate embeddings are indexed once and expande
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 
+from indexer.manifest import ManifestError
 from models.distance.augmented import query_vectors, scores_to_distances
 
 log = logging.getLogger(__name__)
@@ -146,3 +149,15 @@ def to_device(index: faiss.Index, device: str, name: str = "index") -> faiss.Ind
     except RuntimeError as e:  # e.g. a pre-transform or PQ size the GPU code does not take
         log.warning("%s stays on CPU: FAISS could not copy it to the GPU (%s)", name, e)
         return index
+
+
+def index_file_name(family: str) -> str:
+    """File name of a family's FAISS index inside a version dir."""
+    return f"{family}.faiss"
+
+
+def load_index(path: Path, device: str) -> faiss.Index:
+    """Read a FAISS index; copy it to all GPUs when asked or when "auto" finds any."""
+    if not path.is_file():
+        raise ManifestError(f"index file {path} is missing")
+    return to_device(faiss.read_index(str(path)), device, path.name)

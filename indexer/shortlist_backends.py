@@ -68,13 +68,13 @@ class FaissBackend:
     def open_families(
         self, path: Path, manifest: Manifest, duplicates: DuplicateGroups | None
     ) -> dict[str, FamilySearcher]:
-        from indexer.read_index import FamilyIndex
-        from indexer.store import _load_index, index_file_name  # store imports this module
+        # not at the top: read_index loads faiss (an extra), needed once a version is opened
+        from indexer.read_index import FamilyIndex, index_file_name, load_index
 
         return {
             family: FamilyIndex(
                 family,
-                _load_index(path / index_file_name(family), self.device),
+                load_index(path / index_file_name(family), self.device),
                 manifest.index_params.get(family, {}),
                 manifest.search_params.get(family, {}),
                 duplicates,

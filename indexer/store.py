@@ -10,13 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 import torch
 
 from indexer.manifest import Manifest, ManifestError, read_manifest, verify_checksums
 from indexer.multivector import EMBEDDINGS_FILE, open_multivector
-from indexer.read_index import DuplicateGroups, to_device
+from indexer.read_index import DuplicateGroups
 from indexer.shortlist_backends import FaissBackend, ShortlistBackend
 from models.distance.augmented import candidate_families
 from models.distance.gaussian import METRICS
@@ -31,11 +30,6 @@ DUPLICATES_NAME = "duplicates.npy"  # (N,) first row with the same embedding; ab
 
 class UnsupportedMetricError(ValueError):
     """The version has no index family that can shortlist this metric."""
-
-
-def index_file_name(family: str) -> str:
-    """File name of a family's FAISS index inside a version dir."""
-    return f"{family}.faiss"
 
 
 class IndexVersion:
@@ -161,13 +155,6 @@ def open_version(
     if verify:
         verify_checksums(path, read_manifest(path))
     return IndexVersion(path, device, backend)
-
-
-def _load_index(path: Path, device: str) -> faiss.Index:
-    """Read a FAISS index; copy it to all GPUs when asked or when "auto" finds any."""
-    if not path.is_file():
-        raise ManifestError(f"index file {path} is missing")
-    return to_device(faiss.read_index(str(path)), device, path.name)
 
 
 class MetadataReader:

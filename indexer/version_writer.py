@@ -19,8 +19,8 @@ import numpy as np
 
 from indexer.build import IndexPlan, build_family_index, duplicate_representatives, plan_index
 from indexer.manifest import Calibration, Manifest, ManifestError, read_manifest, write_manifest
-from indexer.read_index import DuplicateGroups, FamilyIndex
-from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, METADATA_NAME, MU_NAME, index_file_name
+from indexer.read_index import DuplicateGroups, FamilyIndex, index_file_name
+from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, METADATA_NAME, MU_NAME
 from indexer.tuning import tune_search_params
 from models.distance.augmented import INDEX_FAMILIES, candidate_families
 from models.distance.gaussian import METRICS

@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime
 import torch
 
-from indexer import store
+from indexer import read_index
 from models.onnx.encoder_runtime import choose_providers
 from models.scoring.rerank import compute_device
 
@@ -42,8 +42,8 @@ def test_faiss_indexes_move_to_the_gpus_when_faiss_sees_them(monkeypatch, tmp_pa
     monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index: moved.append(index) or index)
     flat = _write_index(tmp_path / "flat.faiss", faiss.IndexFlatL2(8))
     hnsw = _write_index(tmp_path / "hnsw.faiss", faiss.IndexHNSWFlat(8, 8))
-    store._load_index(flat, "auto")
+    read_index.load_index(flat, "auto")
     assert len(moved) == 1
-    store._load_index(hnsw, "auto")  # HNSW has no GPU implementation: stays on CPU
-    store._load_index(flat, "cpu")
+    read_index.load_index(hnsw, "auto")  # HNSW has no GPU implementation: stays on CPU
+    read_index.load_index(flat, "cpu")
     assert len(moved) == 1
