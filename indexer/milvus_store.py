@@ -22,21 +22,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from indexer.build import family_vectors, row_batches
-from indexer.milvus_schema import ROW_FIELD, VECTOR_FIELD, create_collection, entities
-from indexer.read_index import DuplicateGroups
+from indexer.milvus_schema import ROW_FIELD, VECTOR_FIELD
 from indexer.shortlist_backends import FamilySearcher, ShortlistUnavailableError
-from models.distance.augmented import augmented_dim, index_form, query_vectors
+from models.distance.augmented import index_form, query_vectors
 from models.distance.augmented import scores_to_distances as to_distances
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # faiss (read_index) stays unloaded by the milvus backend
     from indexer.manifest import Manifest
+    from indexer.read_index import DuplicateGroups
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-MetadataLookup = Callable[[Sequence[int]], list[dict[str, Any]]]
-INSERT_BYTES = 16 << 20  # rows per insert call: ~16 MB of vectors, under gRPC's 64 MB limit
 TIMEOUT_S = 10.0  # one Milvus call; then the shortlist counts as unavailable
 MAX_TOP_K = 16384  # Milvus's largest limit per search
 
@@ -70,31 +67,6 @@ def collection_name(modality: str, version: str, family: str) -> str:
 def alias_name(modality: str, family: str) -> str:
     """The alias naming the active version's collection of a modality's family."""
     return f"probsearch_{modality}_{family}_active"
-
-
-def milvus_index(
-    index_type: str, params: dict[str, Any], family: str
-) -> tuple[str, str, dict[str, Any]]:
-    """(Milvus index type, metric type, build params) for a manifest's index type and params.
-
-    flat -> FLAT (exact); ivf -> IVF_FLAT; hnsw -> HNSW (Milvus searches inner product in
-    HNSW natively, no MIPS transform); ivfpq -> IVF_PQ; ivfsq8 -> IVF_SQ8.
-    """
-    metric = "L2" if index_form(family).faiss_metric == "l2" else "IP"
-    if index_type == "flat":
-        return "FLAT", metric, {}
-    if index_type == "ivf":
-        return "IVF_FLAT", metric, {"nlist": int(params["nlist"])}
-    if index_type == "ivfsq8":
-        return "IVF_SQ8", metric, {"nlist": int(params["nlist"])}
-    if index_type == "hnsw":
-        build = {"M": int(params["hnsw_m"]), "efConstruction": int(params["ef_construction"])}
-        return "HNSW", metric, build
-    if index_type == "ivfpq":
-        dim = int(params["dim"])  # Milvus needs m | dim; FAISS pads instead
-        m = max(d for d in range(1, int(params["pq_m"]) + 1) if dim % d == 0)
-        return "IVF_PQ", metric, {"nlist": int(params["nlist"]), "m": m, "nbits": 8}
-    raise MilvusCollectionError(f"index type {index_type!r} has no Milvus counterpart")
 
 
 def milvus_search_params(search_params: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +198,8 @@ def _is_not_loaded(error: Exception) -> bool:
 
 
 class MilvusBackend:
-    """Shortlists from Milvus collections written by `probsearch reindex` (write_version)."""
+    """Shortlists from Milvus collections written by `probsearch reindex` (indexer.milvus_writer),
+    and the aliases that follow the active version."""
 
     name = "milvus"
 
@@ -268,55 +241,7 @@ class MilvusBackend:
             return str(e)
         return None
 
-    # ---- writing (reindex) and activation -------------------------------------------------
-
-    def write_version(
-        self,
-        manifest: Manifest,
-        mu: np.ndarray,
-        logvar: np.ndarray,
-        metadata: MetadataLookup,
-        duplicates: DuplicateGroups | None = None,
-    ) -> list[str]:
-        """Write each family's augmented vectors of a version, with each row's metadata
-        (`metadata(rows)` -> records) as scalar fields, into a new collection; build its index
-        (the manifest's type) and check the counts; returns the collection names."""
-        rows = duplicates.unique_rows if duplicates is not None else np.arange(len(mu))
-        written: list[str] = []
-        try:
-            for family in manifest.families:
-                name = collection_name(manifest.modality, manifest.version, family)
-                written.append(name)
-                self._write_family(name, family, manifest, (mu, logvar), metadata, rows)
-        except BaseException:
-            self.drop(written)
-            raise
-        return written
-
-    def _write_family(
-        self,
-        name: str,
-        family: str,
-        manifest: Manifest,
-        arrays: tuple[np.ndarray, np.ndarray],
-        metadata: MetadataLookup,
-        rows: np.ndarray,
-    ) -> None:
-        dim = augmented_dim(family, manifest.dim)
-        params = {**manifest.index_params.get(family, {}), "dim": dim}
-        index_type, metric, build = milvus_index(manifest.index_type, params, family)
-        self.connection.call(lambda c: create_collection(c, name, dim, index_type, metric, build))
-        per_insert = max(1, INSERT_BYTES // (4 * dim))
-        for batch in row_batches(len(rows), per_insert):
-            batch_rows = rows[batch]
-            vectors = family_vectors(family, *arrays, batch_rows)  # (n, D')
-            data = entities(batch_rows, vectors, metadata(batch_rows.tolist()))
-            self.connection.call(lambda c, d=data: c.insert(name, d))
-        self.connection.call(lambda c: c.flush(name))
-        stored = self.connection.call(lambda c: row_count(c, name))
-        if stored != len(rows):
-            raise MilvusCollectionError(f"{name} holds {stored} vectors, expected {len(rows)}")
-        log.info("wrote Milvus collection %s: %d vectors, %s %s", name, stored, index_type, metric)
+    # ---- activation and gc ----------------------------------------------------------------
 
     def activate(self, modality: str, version: str, families: Sequence[str]) -> None:
         """Point each family's alias at `version`'s collection (create or move it)."""
@@ -362,21 +287,3 @@ def _point_alias(client: Any, alias: str, name: str) -> None:
         client.create_alias(name, alias)
         return
     client.alter_alias(name, alias)
-
-
-def write_version_dir(backend: MilvusBackend, version_dir: Path) -> list[str]:
-    """Write the collections of a complete version dir (reindex, before it is published)."""
-    from indexer.manifest import read_manifest
-    from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, METADATA_NAME, MU_NAME, MetadataReader
-
-    manifest = read_manifest(version_dir)
-    mu = np.load(version_dir / MU_NAME, mmap_mode="r")  # (N, D)
-    logvar = np.load(version_dir / LOGVAR_NAME, mmap_mode="r")
-    duplicates = None
-    if (version_dir / DUPLICATES_NAME).is_file():
-        duplicates = DuplicateGroups(np.load(version_dir / DUPLICATES_NAME))
-    metadata = MetadataReader(version_dir / METADATA_NAME)
-    try:
-        return backend.write_version(manifest, mu, logvar, metadata.lookup, duplicates)
-    finally:
-        metadata.close()

@@ -39,7 +39,8 @@ from indexer.manifest import (
     verify_checksums,
     write_manifest,
 )
-from indexer.milvus_store import MilvusBackend, write_version_dir
+from indexer.milvus_store import MilvusBackend
+from indexer.milvus_writer import write_version_dir
 from indexer.multivector import write_multivector
 from indexer.ray_engine import RayOptions
 from indexer.registry import ActiveRegistry

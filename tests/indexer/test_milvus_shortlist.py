@@ -13,13 +13,8 @@ from indexer.milvus_schema import (
     MetadataTooLongError,
     entities,
 )
-from indexer.milvus_store import (
-    MilvusBackend,
-    MilvusCollectionError,
-    alias_name,
-    collection_name,
-    write_version_dir,
-)
+from indexer.milvus_store import MilvusBackend, MilvusCollectionError, alias_name, collection_name
+from indexer.milvus_writer import write_version_dir
 from indexer.shortlist_backends import make_backend
 from indexer.store import open_version
 from models.distance.gaussian import pairwise_distance

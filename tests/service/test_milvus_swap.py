@@ -12,7 +12,8 @@ import redis
 from pytest_redis.executor.process import RedisExecutor
 
 from indexer.manifest import read_manifest
-from indexer.milvus_store import MilvusBackend, collection_name, write_version_dir
+from indexer.milvus_store import MilvusBackend, collection_name
+from indexer.milvus_writer import write_version_dir
 from indexer.registry import ActiveRegistry
 from models.datasets.shapes import generate_shapes
 from tests.service.conftest import (
