@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from indexer.milvus_schema import ROW_FIELD, VECTOR_FIELD
-from indexer.shortlist_backends import FamilySearcher, ShortlistUnavailableError
+from indexer.shortlist import FamilySearcher, ShortlistUnavailableError
 from models.distance.augmented import index_form, query_vectors
 from models.distance.augmented import scores_to_distances as to_distances
 

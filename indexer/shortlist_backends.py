@@ -1,60 +1,20 @@
-"""The shortlist interface: per-family searchers over augmented vectors, from FAISS or Milvus.
-
-A backend opens, for one index version, one searcher per metric family. A searcher answers
-`search(mu_q, logvar_q, k) -> (distances (Q, k) float32, rows (Q, k) int64)` in Gaussian
-terms (per-query constants added back, -1 / +inf padding), so IndexVersion.shortlist, the
-exact re-rank and everything after it do not depend on where the vectors live.
+"""The shortlist backends (indexer.shortlist's interface): a version's FAISS files, or Milvus,
+as a setting names them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-import numpy as np
+from indexer.milvus_store import MilvusBackend
+from indexer.shortlist import FamilySearcher, ShortlistBackend
 
 if TYPE_CHECKING:  # faiss stays unimported until a FAISS backend opens a version
     from indexer.manifest import Manifest
     from indexer.read_index import DuplicateGroups
 
 SHORTLIST_BACKENDS = ("faiss", "milvus")
-
-
-class ShortlistUnavailableError(ConnectionError):
-    """The shortlist backend (a Milvus server) cannot be reached right now; retry later."""
-
-
-class FamilySearcher(Protocol):
-    """One metric family's shortlist of one index version."""
-
-    family: str
-
-    @property
-    def count(self) -> int:
-        """Vectors indexed (duplicate embeddings count once)."""
-        ...
-
-    def search(
-        self, mu_q: np.ndarray, logvar_q: np.ndarray | None, k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded."""
-        ...
-
-
-class ShortlistBackend(Protocol):
-    """Where a version's augmented vectors are searched."""
-
-    name: str
-
-    def open_families(
-        self, path: Path, manifest: Manifest, duplicates: DuplicateGroups | None
-    ) -> dict[str, FamilySearcher]:
-        """One searcher per family of the version at `path` (manifest.families)."""
-        ...
-
-    def health(self, manifest: Manifest) -> str | None:
-        """None when the version's shortlist can answer now, else why not."""
-        ...
 
 
 class FaissBackend:
@@ -95,8 +55,6 @@ def make_backend(name: str, milvus_uri: str | None, device: str = "auto") -> Sho
     if name == "faiss":
         return FaissBackend(device)
     if name == "milvus":
-        from indexer.milvus_store import MilvusBackend
-
         if not milvus_uri:
             raise ValueError(
                 "shortlist backend milvus needs PROBSEARCH_MILVUS_URI: a Milvus Lite file "

@@ -16,7 +16,8 @@ import torch
 from indexer.manifest import Manifest, ManifestError, read_manifest, verify_checksums
 from indexer.multivector import EMBEDDINGS_FILE, open_multivector
 from indexer.read_index import DuplicateGroups
-from indexer.shortlist_backends import FaissBackend, ShortlistBackend
+from indexer.shortlist import ShortlistBackend
+from indexer.shortlist_backends import FaissBackend
 from models.distance.augmented import candidate_families
 from models.distance.gaussian import METRICS
 from models.scoring.rerank import exact_rerank

@@ -1,6 +1,6 @@
 """Domain errors of the query service and the one table that maps them to HTTP status codes."""
 
-from indexer.shortlist_backends import ShortlistUnavailableError
+from indexer.shortlist import ShortlistUnavailableError
 from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 
 

@@ -19,7 +19,7 @@ import redis
 
 from indexer.calibration_inheritance import uncalibrated_metrics
 from indexer.registry import EVENTS_CHANNEL, ActiveRegistry
-from indexer.shortlist_backends import ShortlistBackend
+from indexer.shortlist import ShortlistBackend
 from indexer.store import IndexVersion, open_version
 from service.cache import REDIS_ERRORS, Backoff, redis_connection_kwargs
 from service.errors import IndexUnavailableError
