@@ -1,4 +1,5 @@
-"""The pair of encoders of one model type (gcie, gce, gie, vse) and its checkpoint file."""
+"""The pair of encoders of one model type (gcie, gce, gie, vse; pvse's PIE-Nets, models.pvse)
+and its checkpoint file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from models.networks.heads import dropout_masks
 from models.networks.image_encoder import ImageEncoder
 from models.networks.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
 from models.networks.text_encoder import TextEncoder
+from models.pvse.network import PvseImageEncoder, PvseOutput, PvseTextEncoder
 
 Embedding = tuple[torch.Tensor, torch.Tensor]  # (mu, logvar), each (S * N, D)
 INITIAL_MATCH_SCALE = 5.0  # PCME's initial a and b on CUB; learned from there
@@ -101,11 +103,57 @@ class ProbabilisticModel(nn.Module):
         return word_masks, dropout_masks(head_shape, p, generator, ids.device)
 
 
+class PvseModel(ProbabilisticModel):
+    """Image and caption PIE-Nets (no shared weights). encode_* return the Gaussian summary
+    (mean of the K embeddings, spread as a spherical variance); embed_* the full output."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.image_encoder = PvseImageEncoder(config)
+        self.text_encoder = PvseTextEncoder(config)
+
+    def embed_images(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> PvseOutput:
+        """images (N, 3, H, W) -> PvseOutput of N rows; one dropout draw if `stochastic`."""
+        return self.image_encoder.embed(images, self.image_masks(images, generator, stochastic))
+
+    def embed_texts(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> PvseOutput:
+        """ids (N, T), lengths (N,) -> PvseOutput of N rows; one dropout draw if `stochastic`."""
+        return self.text_encoder.embed(ids, lengths, *self.text_masks(ids, generator, stochastic))
+
+    def encode_images(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_images(images, generator, stochastic)
+        return out.mu, out.logvar
+
+    def encode_texts(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_texts(ids, lengths, generator, stochastic)
+        return out.mu, out.logvar
+
+
 def build_model(config: ModelConfig) -> ProbabilisticModel:
     """The model of config.model_type (pvse has its own encoders)."""
     if config.model_type == "pvse":
-        from models.pvse.model import PvseModel  # it subclasses ProbabilisticModel
-
         return PvseModel(config)
     return ProbabilisticModel(config)
 
