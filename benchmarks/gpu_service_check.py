@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.demo import SMALL_PLAN, build_demo
+from probsearch.demo import SMALL_PLAN, build_demo
 from service.main import create_app
 from service.settings import Settings
 

@@ -27,7 +27,7 @@ from models.datasets.photos import write_photos
 from models.datasets.shapes import generate_shapes
 from models.evaluation.evaluate import EvalConfig, evaluate_model
 from models.training.train import train
-from service.demo import DemoPlan, demo_model
+from probsearch.demo import DemoPlan, demo_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRECTIONS = ("i2t", "t2i")
@@ -58,7 +58,7 @@ def render(args: argparse.Namespace, val: dict, test: dict, seconds: float) -> s
         f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; wall time {seconds / 60:.1f} min.",
         f"Data: shapes seed {args.data_seed}, {args.images} images (docs/results.md uses seed 0 "
-        f"and 2000); model: the demo's recipe (service.demo.demo_model), metric {metric}; "
+        f"and 2000); model: the demo's recipe (probsearch.demo.demo_model), metric {metric}; "
         f"test split {test['data']['images']} images, {test['data']['captions']} captions.",
         "",
         "| figure | i2t | t2i |",

@@ -42,7 +42,7 @@ def run_one(name: str, seed: int, work_dir: Path, images: int, epochs: int) -> d
     from models.allocator import keep_freed_memory
     from models.evaluation.evaluate import EvalConfig, evaluate_model
     from models.training.train import train
-    from service.demo import DemoPlan, demo_model
+    from probsearch.demo import DemoPlan, demo_model
 
     keep_freed_memory()
     torch.set_num_threads(1)

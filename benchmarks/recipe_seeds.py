@@ -89,7 +89,7 @@ def run_one(
     from models.evaluation.evaluate import EvalConfig, evaluate_model
     from models.networks.model_config import ModelConfig
     from models.training.train import train
-    from service.demo import DemoPlan, demo_model
+    from probsearch.demo import DemoPlan, demo_model
 
     torch.set_num_threads(1)
     model_dir = work_dir / "models" / f"{recipe.name}-seed{seed}"
@@ -159,7 +159,7 @@ def render(args: argparse.Namespace, results: list[dict], load: float, seconds: 
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     recipes = {r.name: r for r in RECIPES}
-    lines += ["", "Recipes (changes to service.demo.demo_model):"]
+    lines += ["", "Recipes (changes to probsearch.demo.demo_model):"]
     lines += [
         f"- {n}: model {recipes[n].model}, training {recipes[n].training}" for n in args.recipes
     ]

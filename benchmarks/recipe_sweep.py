@@ -46,7 +46,7 @@ WIDER = {"cnn_channels": (64, 128, 256, 256), "image_features": 256}
 PLAUSIBLE = {"positives": "plausible"}
 # Every recipe starts from the demo's recipe as it was first measured: the strided trunk with
 # MC-dropout 0.1, no outliers, no counterfactuals, no attribute probe (the demo has since taken
-# the max-pool trunk, service.demo.DEMO_TRUNK, and the rest); a recipe's own fields go on top.
+# the max-pool trunk, probsearch.demo.DEMO_TRUNK, and the rest); a recipe's own fields go on top.
 # The demo's outlier ranking stays on; a recipe without outliers must turn it off.
 STRIDED = {"image_pooling": "grid", "cnn_downsample": "stride", "stem_stride": 2,
            "cnn_channels": (16, 32, 64, 128), "dropout": 0.1}  # fmt: skip
@@ -165,7 +165,7 @@ def run_recipe(recipe: Recipe, work_dir: Path, selection: Path, threads: int) ->
 
     from models.evaluation.evaluate import EvalConfig, evaluate_model
     from models.training.train import train
-    from service.demo import DemoPlan, demo_model
+    from probsearch.demo import DemoPlan, demo_model
 
     torch.set_num_threads(threads)
     model_dir = work_dir / "models" / recipe.name
@@ -235,7 +235,7 @@ def write_table(
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *[row(r) for r in results],
         "",
-        "Recipes (changes to service.demo.demo_model):",
+        "Recipes (changes to probsearch.demo.demo_model):",
         *[
             f"- {r.name}: images {r.images}, model {r.model}, training {r.training}"
             for r in recipes

@@ -1,6 +1,6 @@
 """The service's reject rule, measured as the service applies it, on data nothing was chosen on.
 
-For each training seed: train the demo's recipe (service.demo.demo_model) on a shapes dataset
+For each training seed: train the demo's recipe (probsearch.demo.demo_model) on a shapes dataset
 docs/results.md never used, index its test split (both galleries), run `probsearch calibrate`'s
 code on the val split, then score the test queries and real photographs (`probsearch data
 photos`) with the calibration's own scoring (indexer.calibration.query_scores_by_candidate:
@@ -36,7 +36,7 @@ COVERAGE = 0.8  # the demo's calibration target
 
 def gallery_metrics() -> dict[str, str]:
     """The metric the demo's recipe ranks each gallery with by default (the service's)."""
-    from service.demo import DemoPlan, demo_model
+    from probsearch.demo import DemoPlan, demo_model
 
     model, _ = demo_model(DemoPlan())
     return {gallery: model.default_metric(gallery) for gallery in ("image", "text")}
@@ -78,7 +78,7 @@ def run_one(seed: int, work_dir: Path, images: int, epochs: int) -> dict[str, fl
     from models.onnx.encoder_runtime import OnnxEncoder
     from models.scoring.rerank import compute_device
     from models.training.train import train
-    from service.demo import DemoPlan, demo_model
+    from probsearch.demo import DemoPlan, demo_model
 
     keep_freed_memory()
     torch.set_num_threads(1)

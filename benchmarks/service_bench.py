@@ -1,7 +1,7 @@
 """Service benchmark: a real `probsearch serve` and Redis under bounded load, against the raw parts.
 
 Starts redis-server (no persistence) and `probsearch serve` in subprocesses (settings through
-PROBSEARCH_* variables) against the demo's model and indexes (service.demo.build_demo, cached
+PROBSEARCH_* variables) against the demo's model and indexes (probsearch.demo.build_demo, cached
 in the work dir), drives them with a closed-loop load generator (concurrency 1/4/16/64; an
 asyncio HTTP/1.1 client, or httpx.AsyncClient with --client httpx) and an offered-rate
 (open-loop) one, times the raw parts of a text query in a separate process

@@ -67,7 +67,7 @@ def redis_server(log_dir: Path) -> Iterator[str]:
         log.close()
 
 
-SERVE = "import sys; from service.cli import main; sys.argv[0] = 'probsearch'; main()"
+SERVE = "import sys; from probsearch.cli import main; sys.argv[0] = 'probsearch'; main()"
 
 
 @contextmanager
@@ -152,7 +152,7 @@ def demo_artifacts(demo_dir: Path, quick: bool) -> Artifacts:
     """Build (or reuse) the demo's data, model and calibrated indexes in demo_dir."""
     from indexer.registry import ActiveRegistry
     from models.threads import configure_torch_threads
-    from service.demo import SMALL_PLAN, DemoPlan, build_demo
+    from probsearch.demo import SMALL_PLAN, DemoPlan, build_demo
 
     plan = SMALL_PLAN if quick else DemoPlan()
     configure_torch_threads()  # as `probsearch demo` does

@@ -33,7 +33,7 @@ import sys, tempfile, torch
 from dataclasses import replace
 from pathlib import Path
 from models.training.train import train
-from service.demo import DemoPlan, demo_model
+from probsearch.demo import DemoPlan, demo_model
 torch.set_num_threads(int(sys.argv[2]))
 model, training = demo_model(DemoPlan())
 training = replace(training, epochs=int(sys.argv[3]), patience=0)

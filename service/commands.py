@@ -1,4 +1,4 @@
-"""Subcommands of the service stage: serve, calibrate, demo."""
+"""Subcommands of the service stage: serve, calibrate."""
 
 import os
 from pathlib import Path
@@ -163,61 +163,3 @@ def _calibration_line(modality: str, version: str, result: Any) -> str:
         f"{100 * result.kept_precision:.1f}% (all queries: {100 * result.accuracy:.1f}%)"
         f"{result.gate_note()}{met}"
     )
-
-
-DEFAULT_LOCAL_REDIS = "redis://127.0.0.1:6379/0"
-
-
-@app.command()
-def demo(
-    cache_dir: Annotated[Path, typer.Option(help="Where the demo builds and reuses.")] = Path(
-        ".cache/demo"
-    ),
-    serve: Annotated[bool, typer.Option(help="Serve after building (--no-serve: stop).")] = True,
-    small: Annotated[bool, typer.Option(help="A reduced build (CI, a quick look).")] = False,
-    examples_only: Annotated[
-        bool, typer.Option(help="Stop after the example queries instead of serving on.")
-    ] = False,
-    host: Annotated[str | None, typer.Option(help="Bind address (PROBSEARCH_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (PROBSEARCH_PORT), 0: any.")] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
-) -> None:
-    """Build (or reuse) the shapes data, model, indexes and calibration, then serve on :8000."""
-    import httpx
-
-    from indexer.threads import apply_thread_budget
-    from models.threads import thread_budget
-    from service.background_server import BackgroundServer
-    from service.demo import SMALL_PLAN, DemoPlan, build_demo, redis_answering, run_examples
-
-    try:
-        settings = _settings_with({"host": host, "port": port, "redis_url": redis_url})
-        url = settings.redis_url or DEFAULT_LOCAL_REDIS
-        if redis_answering(url):
-            typer.echo(f"using Redis at {url} (active versions, result cache)")
-        else:
-            typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
-            url = None
-        apply_thread_budget(thread_budget("batch", settings.threads))
-        paths = build_demo(cache_dir.resolve(), SMALL_PLAN if small else DemoPlan(), url)
-        if not serve:
-            return
-        settings = settings.model_copy(
-            update={"index_root": paths.index_root, "model": paths.model, "redis_url": url}
-        )
-        with BackgroundServer(settings, log_level="warning") as server:
-            typer.echo(f"\nsearch page: {server.url}/ (open it in a browser)")
-            with httpx.Client(timeout=60) as http:
-                run_examples(http, server.url, paths, typer.echo)
-            if examples_only:
-                return
-            typer.echo(
-                f"\nserving the search page on {server.url}/ (OpenAPI at {server.url}/docs); "
-                "Ctrl-C stops"
-            )
-            server.wait()
-    except (ValidationError, ValueError, OSError) as error:
-        typer.echo(f"error: {_one_line(error)}", err=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        typer.echo("stopped")

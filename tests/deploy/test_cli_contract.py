@@ -38,7 +38,7 @@ class Invocation:
 @pytest.fixture(scope="module")
 def cli() -> Any:
     """The root command of the `probsearch` console script (a click-style command tree)."""
-    from service.cli import app
+    from probsearch.cli import app
 
     return typer.main.get_command(app)
 

@@ -16,7 +16,7 @@ from models.pvse.losses import diversity_loss, mmd_rbf, pvse_loss
 from models.pvse.max_pair import max_pair_similarity
 from models.pvse.model import PvseModel
 from models.pvse.network import PvseOutput, summarize
-from service.cli import app
+from probsearch.cli import app
 
 torch.set_num_threads(1)
 CONFIG = ModelConfig(model_type="pvse", embed_dim=8, num_embeds=3, vocab_size=20)

@@ -25,7 +25,7 @@ from indexer.registry import ActiveRegistry
 from indexer.store import open_version
 from models.datasets.shapes import generate_shapes
 from models.distance.gaussian import pairwise_distance
-from service.background_server import BackgroundServer
+from probsearch.background_server import BackgroundServer
 from service.settings import Settings
 from tests.service.milvus_lite import MilvusLiteServer
 

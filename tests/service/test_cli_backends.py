@@ -12,7 +12,7 @@ HIDE_AND_RUN = """
 import sys
 sys.modules[{module!r}] = None  # as if the extra were not installed
 sys.argv = ["probsearch", *{args!r}]
-from service.cli import main
+from probsearch.cli import main
 main()
 """
 

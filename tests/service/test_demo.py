@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from models.datasets.records import attributes_named, is_plausible_match, load_dataset
-from service.demo import (
+from probsearch.demo import (
     EXAMPLE_ATTRIBUTES,
     SMALL_PLAN,
     DemoPaths,
@@ -100,7 +100,7 @@ def test_the_image_example_prefers_an_answer_that_says_something(
         return {"query": {"rejected": False}, "results": [{"id": caption.id}]}
 
     bodies = {vague: answered_with(vague, False), telling: answered_with(telling, True)}
-    monkeypatch.setattr("service.demo._upload", lambda http, url, image: bodies[image])
+    monkeypatch.setattr("probsearch.demo._upload", lambda http, url, image: bodies[image])
     pair = dataclasses.replace(examples, images=[vague, telling])
     assert _answered_image(None, "", pair) == (telling, bodies[telling])
     alone = dataclasses.replace(examples, images=[vague])
@@ -151,5 +151,5 @@ def test_a_changed_recipe_retrains_the_cached_model(tmp_path: Path, monkeypatch)
     paths = DemoPaths(tmp_path)
     results = {"data": True, "model": True, "indexes": {"image": "v1"}, "calibration": True}
     _save_state(paths, _stage_keys(SMALL_PLAN), results)
-    monkeypatch.setattr("service.demo.DEMO_OUTLIERS", 0.5)
+    monkeypatch.setattr("probsearch.demo.DEMO_OUTLIERS", 0.5)
     assert _done_stages(paths, _stage_keys(SMALL_PLAN)) == {"data": True}

@@ -1,0 +1,115 @@
+"""The `probsearch` console script: one root command that mounts each stage's subcommands,
+and the demo."""
+
+import os
+
+# OpenMP threads that spin while they wait steal the cores from everything else on a shared
+# machine (a training step went from 0.07 s to 2.4 s); they must sleep instead. This has to be
+# set before torch, ONNX Runtime or FAISS start their pools, hence here, first.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from indexer.cli import app as indexer_app
+from models.allocator import keep_freed_memory
+from models.cli import app as models_app
+from models.datasets.cli import app as data_app
+from models.evaluation.cli import eval_command
+from service.commands import _one_line, _settings_with
+from service.commands import app as service_app
+
+app = typer.Typer(
+    name="probsearch",
+    help="Uncertainty-aware image <-> text retrieval with Gaussian embeddings.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(models_app)
+app.add_typer(data_app, name="data", help="Generate or check datasets.")
+app.command("eval")(eval_command)
+app.add_typer(indexer_app)
+app.add_typer(service_app)
+demo_app = typer.Typer()  # its own group, so `demo` is listed last, after the service's commands
+app.add_typer(demo_app)
+
+
+DEFAULT_LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+
+
+@demo_app.command()
+def demo(
+    cache_dir: Annotated[Path, typer.Option(help="Where the demo builds and reuses.")] = Path(
+        ".cache/demo"
+    ),
+    serve: Annotated[bool, typer.Option(help="Serve after building (--no-serve: stop).")] = True,
+    small: Annotated[bool, typer.Option(help="A reduced build (CI, a quick look).")] = False,
+    examples_only: Annotated[
+        bool, typer.Option(help="Stop after the example queries instead of serving on.")
+    ] = False,
+    host: Annotated[str | None, typer.Option(help="Bind address (PROBSEARCH_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (PROBSEARCH_PORT), 0: any.")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+) -> None:
+    """Build (or reuse) the shapes data, model, indexes and calibration, then serve on :8000."""
+    import httpx
+
+    from indexer.threads import apply_thread_budget
+    from models.threads import thread_budget
+    from probsearch.background_server import BackgroundServer
+    from probsearch.demo import SMALL_PLAN, DemoPlan, build_demo, redis_answering, run_examples
+
+    try:
+        settings = _settings_with({"host": host, "port": port, "redis_url": redis_url})
+        url = settings.redis_url or DEFAULT_LOCAL_REDIS
+        if redis_answering(url):
+            typer.echo(f"using Redis at {url} (active versions, result cache)")
+        else:
+            typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
+            url = None
+        apply_thread_budget(thread_budget("batch", settings.threads))
+        paths = build_demo(cache_dir.resolve(), SMALL_PLAN if small else DemoPlan(), url)
+        if not serve:
+            return
+        settings = settings.model_copy(
+            update={"index_root": paths.index_root, "model": paths.model, "redis_url": url}
+        )
+        with BackgroundServer(settings, log_level="warning") as server:
+            typer.echo(f"\nsearch page: {server.url}/ (open it in a browser)")
+            with httpx.Client(timeout=60) as http:
+                run_examples(http, server.url, paths, typer.echo)
+            if examples_only:
+                return
+            typer.echo(
+                f"\nserving the search page on {server.url}/ (OpenAPI at {server.url}/docs); "
+                "Ctrl-C stops"
+            )
+            server.wait()
+    except (ValidationError, ValueError, OSError) as error:
+        typer.echo(f"error: {_one_line(error)}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")
+
+
+# faiss and onnxruntime come from the `cpu` or `gpu` extra, not from a plain install.
+BACKENDS = {"faiss": "FAISS", "onnxruntime": "ONNX Runtime"}
+
+
+def main() -> None:
+    """Entry point of the `probsearch` console script."""
+    keep_freed_memory()
+    try:
+        app()
+    except ModuleNotFoundError as error:
+        if error.name not in BACKENDS:
+            raise
+        typer.echo(
+            f"error: {BACKENDS[error.name]} is not installed; install exactly one of the extras: "
+            "pip install 'probsearch[cpu]' (CPU) or 'probsearch[gpu]' (NVIDIA GPU, CUDA 12)",
+            err=True,
+        )
+        raise SystemExit(2) from None
