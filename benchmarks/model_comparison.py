@@ -47,7 +47,7 @@ from models.evaluation.evaluate import EvalConfig, evaluate_model
 from models.evaluation.report import write_report
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
-from service.demo import DEMO_COUNTERFACTUALS, DEMO_OUTLIER_RANKING, DEMO_OUTLIERS, DEMO_TRUNK
+from probsearch.demo import DEMO_COUNTERFACTUALS, DEMO_OUTLIER_RANKING, DEMO_OUTLIERS, DEMO_TRUNK
 
 
 @dataclass(frozen=True)
