@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.settings import Settings
 from probsearch.demo import SMALL_PLAN, build_demo
 from service.main import create_app
-from service.settings import Settings
 
 TEXTS = [f"{n} {c} {s}" for n in ("a", "two") for c in ("red", "blue", "green", "purple")
          for s in ("circles", "squares", "stars")]  # fmt: skip

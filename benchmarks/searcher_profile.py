@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from models.settings import Settings
 from service.main import build_services
 from service.metrics import ServiceMetrics
 from service.searcher import Query, SearchParams
 from service.services import Services
-from service.settings import Settings
 
 # Functions whose cumulative time is reported (file suffix, function name).
 STAGES = (

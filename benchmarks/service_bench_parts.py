@@ -24,6 +24,7 @@ import torch
 
 from models.scoring.query_scores import shortlist_scores
 from models.scoring.rerank import exact_rerank
+from models.settings import Settings
 from service.main import build_services
 from service.metrics import ServiceMetrics
 from service.outcome import DEFAULT_TEMPERATURE
@@ -31,7 +32,6 @@ from service.schemas import TextSearchRequest
 from service.search_flow import search_params
 from service.searcher import GALLERY_OF_KIND, Query, default_shortlist
 from service.services import Services
-from service.settings import Settings
 
 PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")
 DRAWS = (16, 0)

@@ -63,6 +63,7 @@ from models.scoring.query_scores import (
     shortlist_distances,
 )
 from models.scoring.rerank import Ranked, compute_device, rerank_batch
+from models.threads import ThreadBudget
 
 CALIBRATION_FILE = "calibration.json"
 SCORE_BLOCK = 64  # queries scored together (memory: SCORE_BLOCK x draws x shortlist x D)
@@ -368,6 +369,7 @@ class CalibrationJob:
     shortlist: int = 100
     seed: int = 0
     device: str = "auto"
+    threads: ThreadBudget | None = None  # the encoder's pools; None: the batch budget
 
 
 def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
@@ -389,7 +391,8 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
         queries = held_out.captions if gallery == "image" else held_out.images
         if not queries:
             raise CalibrationError(f"split {job.split!r} of {job.data_dir} has no queries")
-        encoder = OnnxEncoder(job.model_dir, "text" if gallery == "image" else "image", job.device)
+        query_kind = "text" if gallery == "image" else "image"
+        encoder = OnnxEncoder(job.model_dir, query_kind, job.device, threads=job.threads)
         embeddings = encode_queries(encoder, queries, job.mc_samples, job.seed)
         outliers = None
         if encoder.modality == "image":

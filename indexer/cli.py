@@ -10,7 +10,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from models.settings import ProbsearchSettings
+from models.settings import Settings
 from models.threads import thread_budget
 
 app = typer.Typer(no_args_is_help=True)
@@ -99,8 +99,8 @@ def reindex(
     from indexer.ray_engine import RayOptions
     from indexer.threads import apply_thread_budget
 
-    settings = ProbsearchSettings()
-    apply_thread_budget(thread_budget("batch", settings.threads))
+    settings = Settings()
+    threads = apply_thread_budget(thread_budget("batch", settings.threads))
     model_dir = _resolve(model, settings.model, "--model", "PROBSEARCH_MODEL")
     served = tuple(m.strip() for m in metrics.split(",") if m.strip())
     job = ReindexJob(
@@ -126,6 +126,7 @@ def reindex(
         ray=RayOptions(ray_address, ray_workers, ray_threads),
         shortlist_backend=settings.shortlist_backend,
         milvus_uri=settings.milvus_uri,
+        threads=threads,
     )
     _setup_logging()
     started = time.perf_counter()
@@ -159,7 +160,7 @@ def _default_metrics(model_dir: Path, modality: str) -> tuple[str, ...]:
 def _registry(index_root: Path | None, redis_url: str | None):
     from indexer.registry import ActiveRegistry
 
-    settings = ProbsearchSettings()
+    settings = Settings()
     root = _resolve(index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT")
     redis_url = redis_url if redis_url is not None else settings.redis_url
     from indexer.publish import milvus_backend

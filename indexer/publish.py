@@ -56,6 +56,7 @@ from indexer.version_writer import (
 )
 from models.distance.gaussian import check_metric
 from models.networks.model_config import model_fingerprint
+from models.threads import ThreadBudget
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class ReindexJob:
     ray: RayOptions = field(default_factory=RayOptions)
     shortlist_backend: str = "faiss"  # "milvus": also write each family into a collection
     milvus_uri: str | None = None
+    threads: ThreadBudget | None = None  # the local encoder's pools; None: the batch budget
 
     def validate(self) -> None:
         """Refuse bad settings before any work is done (ValueError with the fix)."""
@@ -206,7 +208,7 @@ def embed_source(job: ReindexJob, source: GallerySource, work_dir: Path) -> Embe
         )
     from models.onnx.encoder_runtime import OnnxEncoder
 
-    encoder = OnnxEncoder(job.model_dir, job.modality, job.device, job.batch_size)
+    encoder = OnnxEncoder(job.model_dir, job.modality, job.device, job.batch_size, job.threads)
     return embed_gallery(
         source.items(),
         encoder,

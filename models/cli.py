@@ -26,9 +26,9 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 def _model_dir(given: Path | None, flag: str) -> Path:
     """The model dir from the command line, else from PROBSEARCH_MODEL."""
-    from models.settings import ProbsearchSettings
+    from models.settings import Settings
 
-    model_dir = given or ProbsearchSettings().model
+    model_dir = given or Settings().model
     if model_dir is None:
         raise _fail(f"no model dir: pass {flag} or set PROBSEARCH_MODEL", EXIT_BAD_INPUT)
     return model_dir
@@ -195,14 +195,14 @@ def train(
     from models.datasets.records import DatasetError
     from models.networks.model_config import ConfigError
     from models.onnx.export import ExportError
-    from models.settings import ProbsearchSettings
+    from models.settings import Settings
     from models.threads import configure_torch_threads
     from models.training.train import train as run_training
     from models.training.training_data import TrainingDataError
 
     started = time.perf_counter()
     out = _model_dir(out, "--out")
-    configure_torch_threads(ProbsearchSettings().threads)
+    configure_torch_threads(Settings().threads)
     try:
         model_config = ModelConfig(
             model_type=model_type,

@@ -5,8 +5,8 @@ import time
 
 import uvicorn
 
+from models.settings import Settings
 from service.main import create_app
-from service.settings import Settings
 
 
 class BackgroundServer:

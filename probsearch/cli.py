@@ -70,8 +70,9 @@ def demo(
         else:
             typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
             url = None
-        apply_thread_budget(thread_budget("batch", settings.threads))
-        paths = build_demo(cache_dir.resolve(), SMALL_PLAN if small else DemoPlan(), url)
+        threads = apply_thread_budget(thread_budget("batch", settings.threads))
+        plan = SMALL_PLAN if small else DemoPlan()
+        paths = build_demo(cache_dir.resolve(), plan, url, threads=threads)
         if not serve:
             return
         settings = settings.model_copy(

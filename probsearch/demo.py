@@ -33,12 +33,14 @@ from models.datasets.records import (
 from models.datasets.shapes import generate_shapes
 from models.evaluation.evaluate import is_single_object
 from models.networks.model_config import ModelConfig, TrainConfig
+from models.threads import ThreadBudget
 from models.training.train import train
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "demo.json"
 Say = Callable[[str], None]
+Threads = ThreadBudget | None
 GALLERIES = ("image", "text")
 
 
@@ -213,32 +215,35 @@ def _save_state(paths: DemoPaths, keys: dict[str, Any], done: dict[str, Any]) ->
     tmp.replace(paths.root / STATE_FILE)
 
 
-def _build_data(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
+def _build_data(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads) -> bool:
     say(f"[1/4] generating {plan.images} shapes images into {paths.data}")
     generate_shapes(paths.data, plan.images, seed=plan.seed, overwrite=True)
     return True
 
 
-def _build_model(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
+def _build_model(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads) -> bool:
     say(f"[2/4] training a gcie model (at most {plan.epochs} epochs) into {paths.model}")
     shutil.rmtree(paths.model, ignore_errors=True)  # a stale model of an older plan
     train(paths.data, paths.model, *demo_model(plan))
     return True
 
 
-def _build_indexes(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> dict:
+def _build_indexes(
+    paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads
+) -> dict:
     versions = {}
     for gallery in GALLERIES:
         say(f"[3/4] indexing the test-split {gallery} gallery into {paths.index_root}")
         job = ReindexJob(
             modality=gallery, source=paths.data, model_dir=paths.model,
             index_root=paths.index_root, metrics=plan.metrics, split="test", seed=plan.seed,
+            threads=threads,
         )  # fmt: skip
         versions[gallery] = run_reindex(job).version
     return versions
 
 
-def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
+def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads) -> bool:
     registry = ActiveRegistry(paths.index_root, None)
     for gallery, version in done["indexes"].items():
         say(
@@ -248,7 +253,7 @@ def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say) -> bool:
         job = CalibrationJob(
             version_dir=registry.version_path(gallery, version), model_dir=paths.model,
             data_dir=paths.data, target=Target(coverage=plan.target_coverage),
-            mc_samples=plan.mc_samples, seed=plan.seed,
+            mc_samples=plan.mc_samples, seed=plan.seed, threads=threads,
         )  # fmt: skip
         for result in run_calibration(job):
             say(
@@ -270,16 +275,21 @@ BUILDERS = {
 
 
 def build_demo(
-    cache_dir: Path, plan: DemoPlan, redis_url: str | None, say: Say = print
+    cache_dir: Path,
+    plan: DemoPlan,
+    redis_url: str | None,
+    say: Say = print,
+    threads: Threads = None,
 ) -> DemoPaths:
-    """Build what is missing or stale under `cache_dir`, then activate the demo's versions."""
+    """Build what is missing or stale under `cache_dir`, then activate the demo's versions;
+    `threads` sizes the encoders' pools (None: the batch budget, models.threads)."""
     paths = DemoPaths(cache_dir)
     paths.root.mkdir(parents=True, exist_ok=True)
     keys = _stage_keys(plan)
     done = _done_stages(paths, keys)
     for name in keys:
         if name not in done:
-            done[name] = BUILDERS[name](paths, plan, done, say)
+            done[name] = BUILDERS[name](paths, plan, done, say, threads)
             _save_state(paths, keys, done)
     registry = ActiveRegistry(paths.index_root, redis_url)
     for gallery, version in done["indexes"].items():

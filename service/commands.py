@@ -8,15 +8,15 @@ import typer
 from pydantic import ValidationError
 
 from indexer.shortlist_backends import make_backend
-from service.settings import Settings
+from models.settings import Settings
 
 app = typer.Typer(no_args_is_help=True)
 
 
 def _settings_with(overrides: dict[str, Any]) -> Settings:
-    """Settings from PROBSEARCH_* with the given CLI flags on top (None: not given)."""
-    given = {name: value for name, value in overrides.items() if value is not None}
-    return Settings(**given)
+    """Settings from PROBSEARCH_* with the given CLI flags on top (None: not given), and
+    ./indexes and ./model where neither names the index root or the model dir."""
+    return Settings.with_flags(overrides).with_default_paths()
 
 
 def _check_paths(settings: Settings) -> None:
@@ -128,7 +128,7 @@ def calibrate(
         settings = _settings_with(
             {"index_root": index_root, "model": model, "redis_url": redis_url}
         )
-        apply_thread_budget(thread_budget("batch", settings.threads))
+        threads = apply_thread_budget(thread_budget("batch", settings.threads))
         _check_paths(settings)
         target = Target(precision=target_precision, coverage=target_coverage)
         registry = ActiveRegistry(settings.index_root, settings.redis_url)
@@ -145,6 +145,7 @@ def calibrate(
                 metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()),
                 mc_samples=settings.mc_samples if mc_samples is None else mc_samples,
                 device=settings.device,
+                threads=threads,
             )
             for result in run_calibration(job):
                 typer.echo(_calibration_line(modality, version, result))

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from models.settings import Settings
 from service.auth_limit import FailedAuthLimiter
 from service.errors import (
     AuthenticationError,
@@ -18,7 +19,6 @@ from service.errors import (
     TooManyFailedAttemptsError,
 )
 from service.services import Services
-from service.settings import Settings
 
 
 async def get_services(request: Request) -> Services:

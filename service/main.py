@@ -19,6 +19,7 @@ from indexer.threads import apply_thread_budget
 from models.networks.model_config import ModelConfig, model_fingerprint
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.scoring.rerank import compute_device
+from models.settings import Settings
 from models.threads import thread_budget
 from service.auth_limit import FailedAuthLimiter
 from service.batching import MicroBatcher
@@ -46,7 +47,6 @@ from service.routes import admin, health, items, page, search
 from service.schemas import AUTH_ERROR_RESPONSES
 from service.searcher import GALLERY_OF_KIND, Searcher
 from service.services import Services
-from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,10 @@ ENCODER_FOR_GALLERY = {gallery: kind for kind, gallery in GALLERY_OF_KIND.items(
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; models and indexes are loaded when it starts (lifespan), not here."""
-    settings = settings if settings is not None else Settings()
+    """Build the app; models and indexes are loaded when it starts (lifespan), not here.
+    Without `settings`: from PROBSEARCH_*; an index root or model dir configured nowhere is
+    ./indexes or ./model (Settings.with_default_paths)."""
+    settings = (settings if settings is not None else Settings()).with_default_paths()
     app = FastAPI(
         title="probsearch",
         summary="Uncertainty-aware image <-> text retrieval with Gaussian embeddings.",

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from models.settings import Settings
 from service.batching import MicroBatcher
 from service.cache import cache_key
 from service.errors import IndexUnavailableError, InvalidQueryError
@@ -19,7 +20,6 @@ from service.response_body import response_body
 from service.schemas import SearchOptions
 from service.searcher import GALLERY_OF_KIND, Query, SearchParams, default_shortlist
 from service.services import Services
-from service.settings import Settings
 
 
 @dataclass(frozen=True)

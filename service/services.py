@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from models.onnx.encoder_runtime import OnnxEncoder
+from models.settings import Settings
 from service.batching import MicroBatcher
 from service.cache import ResultCache
 from service.image_decode import ImageDecoder
@@ -11,7 +12,6 @@ from service.metrics import ServiceMetrics
 from service.outcome import Outcome
 from service.redis_health import RedisHealth
 from service.searcher import Query, Searcher
-from service.settings import Settings
 
 
 @dataclass

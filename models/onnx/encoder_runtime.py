@@ -15,7 +15,6 @@ from PIL import Image
 from models.networks.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, VOCAB_FILE, ModelConfig
 from models.networks.preprocess import images_to_array
 from models.networks.tokenizer import Tokenizer
-from models.settings import ProbsearchSettings
 from models.threads import ThreadBudget, thread_budget
 
 logger = logging.getLogger(__name__)
@@ -89,8 +88,8 @@ class OnnxEncoder:
     spawned. The same inputs, L and seed give the same draws. A model trained without dropout
     has no randomness to draw: its L draws are the deterministic embedding repeated, without
     running the graph L more times (`Embeddings.identical_draws`). Inputs are encoded in chunks of
-    `batch_size`. `threads` sizes ONNX Runtime's pools (default: the batch role's budget,
-    models.threads, or PROBSEARCH_THREADS).
+    `batch_size`. `threads` sizes ONNX Runtime's pools (default: the batch role's budget for the
+    CPUs of this process, models.threads; a command passes the budget its settings give).
     """
 
     def __init__(
@@ -114,7 +113,7 @@ class OnnxEncoder:
         if not path.is_file():
             raise EncoderRuntimeError(f"{path} not found: run `probsearch export {model_dir}`")
         self.tokenizer = Tokenizer.load(self.model_dir / VOCAB_FILE) if modality == "text" else None
-        self.threads = threads or thread_budget("batch", ProbsearchSettings().threads)
+        self.threads = threads or thread_budget("batch")
         self.session = ort.InferenceSession(
             str(path), session_options(self.threads), providers=choose_providers(device)
         )

@@ -53,7 +53,7 @@ def click_core(command: Any) -> ModuleType:
 
 
 def settings_variables() -> set[str]:
-    from service.settings import Settings
+    from models.settings import Settings
 
     return {f"PROBSEARCH_{name.upper()}" for name in Settings.model_fields}
 

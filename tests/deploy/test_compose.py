@@ -130,7 +130,7 @@ def test_reindex_profile_reindexes_into_the_shared_volume(services: dict[str, An
 def test_probsearch_environments_are_valid_settings(
     services: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.settings import Settings
+    from models.settings import Settings
 
     for name, service in services.items():
         if not service.get("image", "").startswith("probsearch:"):

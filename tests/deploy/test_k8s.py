@@ -178,7 +178,7 @@ def test_references_resolve(rendered: dict[str, list[dict[str, Any]]], overlay: 
 def test_containers_get_valid_settings_and_the_right_image(
     rendered: dict[str, list[dict[str, Any]]], overlay: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.settings import Settings
+    from models.settings import Settings
 
     containers = list(probsearch_containers(rendered[overlay]))
     assert len(containers) == 4  # api, bootstrap, reindex Job, reindex CronJob

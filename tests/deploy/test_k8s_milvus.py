@@ -74,7 +74,7 @@ def test_every_object_validates(objects: list[dict[str, Any]], version: str) -> 
 def test_api_and_reindex_search_and_write_the_overlays_milvus(
     objects: list[dict[str, Any]], kind: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.settings import Settings
+    from models.settings import Settings
 
     env = milvus_env(objects, kind, name)
     assert env["PROBSEARCH_SHORTLIST_BACKEND"] == "milvus"

@@ -179,11 +179,17 @@ def test_per_item_seeds_make_draws_independent_of_the_batch(text_encoder, image_
 def test_onnx_runtime_pools_follow_the_budget(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from models.threads import ThreadBudget
+    """The pools follow the budget passed in; without one, the batch rule for this process's
+    CPUs: PROBSEARCH_THREADS reaches an encoder through the command's settings, never from the
+    environment inside the constructor."""
+    from models.threads import ThreadBudget, thread_budget
 
     encoder = OnnxEncoder(tiny_model_dir, "text", device="cpu", threads=ThreadBudget(1))
     options = encoder.session.get_session_options()
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
-    monkeypatch.setenv("PROBSEARCH_THREADS", "2")
-    encoder = OnnxEncoder(tiny_model_dir, "text", device="cpu")
+    encoder = OnnxEncoder(tiny_model_dir, "text", device="cpu", threads=ThreadBudget(2))
     assert encoder.session.get_session_options().intra_op_num_threads == 2
+    monkeypatch.setenv("PROBSEARCH_THREADS", "3")
+    encoder = OnnxEncoder(tiny_model_dir, "text", device="cpu")
+    expected = thread_budget("batch").intra_op
+    assert encoder.session.get_session_options().intra_op_num_threads == expected

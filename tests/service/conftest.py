@@ -25,8 +25,8 @@ from indexer.registry import ActiveRegistry
 from indexer.store import open_version
 from models.datasets.shapes import generate_shapes
 from models.distance.gaussian import pairwise_distance
+from models.settings import Settings
 from probsearch.background_server import BackgroundServer
-from service.settings import Settings
 from tests.service.milvus_lite import MilvusLiteServer
 
 PROBSEARCH = Path(sys.executable).parent / "probsearch"

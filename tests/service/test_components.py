@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from models.settings import Settings
 from service import cache as cache_module
 from service import search_flow
 from service.batching import MicroBatcher
@@ -19,7 +20,6 @@ from service.errors import (
     status_of,
 )
 from service.metrics import STAGES, ServiceMetrics
-from service.settings import Settings
 from tests.service.conftest import PROBSEARCH
 
 

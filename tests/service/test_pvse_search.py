@@ -13,7 +13,7 @@ import pytest
 from indexer.registry import ActiveRegistry
 from models.datasets.shapes import generate_shapes
 from models.onnx.encoder_runtime import OnnxEncoder
-from service.settings import Settings
+from models.settings import Settings
 from tests.service.conftest import ServerThread, probsearch
 
 # The console script imports this checkout (a git worktree may differ from the installed one).

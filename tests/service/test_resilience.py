@@ -16,9 +16,9 @@ import redis
 from pytest_redis.executor.process import RedisExecutor
 
 from indexer.registry import ActiveRegistry
+from models.settings import Settings
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
-from service.settings import Settings
 from tests.service.conftest import (
     Artifacts,
     ServerThread,
