@@ -10,7 +10,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from models.settings import Settings
+from models.command_line import fail, required, settings_from
 from models.threads import thread_budget
 
 app = typer.Typer(no_args_is_help=True)
@@ -20,34 +20,22 @@ app.add_typer(index_app, name="index")
 T = TypeVar("T")
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
 def _run(action: Callable[[], T]) -> T:
     """Run a command body; domain errors become one line on stderr, never a traceback."""
     try:
         return action()
     except KeyboardInterrupt:
-        raise _fail(
+        raise fail(
             "interrupted: nothing was published and the active version is unchanged;"
             " run the same command again to resume from the embedded chunks",
             130,
         ) from None
     except (ValueError, OSError) as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
 
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-
-def _resolve(flag: T | None, env: T | None, name: str, env_name: str) -> T:
-    value = flag if flag is not None else env
-    if value is None:
-        raise _fail(f"{name} is required: pass {name} or set {env_name}", 2)
-    return value
 
 
 ModalityOpt = Annotated[str, typer.Option("--modality", help="image or text gallery.")]
@@ -99,24 +87,22 @@ def reindex(
     from indexer.ray_engine import RayOptions
     from indexer.threads import apply_thread_budget
 
-    settings = Settings()
+    settings = settings_from({"model": model, "index_root": index_root, "redis_url": redis_url})
     threads = apply_thread_budget(thread_budget("batch", settings.threads))
-    model_dir = _resolve(model, settings.model, "--model", "PROBSEARCH_MODEL")
+    model_dir = required(settings, "model", "--model")
     served = tuple(m.strip() for m in metrics.split(",") if m.strip())
     job = ReindexJob(
         modality=modality,
         source=source,
         model_dir=model_dir,
-        index_root=_resolve(
-            index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT"
-        ),
+        index_root=required(settings, "index_root", "--index-root"),
         metrics=served or _run(lambda: _default_metrics(model_dir, modality)),
         index_type=index_type,
         dtype=dtype,
         batch_size=batch_size,
         chunk_items=chunk_items,
         activate=activate,
-        redis_url=redis_url if redis_url is not None else settings.redis_url,
+        redis_url=settings.redis_url,
         max_bad_fraction=max_bad_fraction,
         split=split,
         image_root=image_root,
@@ -158,15 +144,13 @@ def _default_metrics(model_dir: Path, modality: str) -> tuple[str, ...]:
 
 
 def _registry(index_root: Path | None, redis_url: str | None):
+    from indexer.publish import milvus_backend
     from indexer.registry import ActiveRegistry
 
-    settings = Settings()
-    root = _resolve(index_root, settings.index_root, "--index-root", "PROBSEARCH_INDEX_ROOT")
-    redis_url = redis_url if redis_url is not None else settings.redis_url
-    from indexer.publish import milvus_backend
-
+    settings = settings_from({"index_root": index_root, "redis_url": redis_url})
+    root = required(settings, "index_root", "--index-root")
     aliases = _run(lambda: milvus_backend(settings.shortlist_backend, settings.milvus_uri))
-    return ActiveRegistry(root, redis_url, aliases=aliases)
+    return ActiveRegistry(root, settings.redis_url, aliases=aliases)
 
 
 @index_app.command("list")

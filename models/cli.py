@@ -8,30 +8,13 @@ from typing import Annotated
 
 import typer
 
+from models.command_line import EXIT_BAD_INPUT, EXIT_FAILED, fail, required, settings_from
 from models.networks.model_config import ModelConfig, TrainConfig
 
 DEFAULT_MODEL = ModelConfig()
 DEFAULT_TRAINING = TrainConfig()
 
 app = typer.Typer(no_args_is_help=True)
-
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def _model_dir(given: Path | None, flag: str) -> Path:
-    """The model dir from the command line, else from PROBSEARCH_MODEL."""
-    from models.settings import Settings
-
-    model_dir = given or Settings().model
-    if model_dir is None:
-        raise _fail(f"no model dir: pass {flag} or set PROBSEARCH_MODEL", EXIT_BAD_INPUT)
-    return model_dir
 
 
 @app.command()
@@ -195,14 +178,14 @@ def train(
     from models.datasets.records import DatasetError
     from models.networks.model_config import ConfigError
     from models.onnx.export import ExportError
-    from models.settings import Settings
     from models.threads import configure_torch_threads
     from models.training.train import train as run_training
     from models.training.training_data import TrainingDataError
 
     started = time.perf_counter()
-    out = _model_dir(out, "--out")
-    configure_torch_threads(Settings().threads)
+    settings = settings_from({"model": out})
+    out = required(settings, "model", "--out", "no model dir")
+    configure_torch_threads(settings.threads)
     try:
         model_config = ModelConfig(
             model_type=model_type,
@@ -248,9 +231,9 @@ def train(
             data, out, model_config, train_config, resume=resume, progress=progress, log=typer.echo
         )
     except (ConfigError, DatasetError, TrainingDataError) as e:
-        raise _fail(str(e), EXIT_BAD_INPUT) from None
+        raise fail(str(e), EXIT_BAD_INPUT) from None
     except ExportError as e:
-        raise _fail(str(e), EXIT_FAILED) from None
+        raise fail(str(e), EXIT_FAILED) from None
     recalls = "  ".join(f"{k} {v:.1f}" for k, v in result.best_recalls.items())
     typer.echo(f"best epoch {result.best_epoch}: {recalls}")
     typer.echo(
@@ -272,12 +255,12 @@ def export(
     from models.networks.model_config import ConfigError
     from models.onnx.export import ExportError, export_model_dir
 
-    model_dir = _model_dir(model_dir, "MODEL_DIR")
+    model_dir = required(settings_from({"model": model_dir}), "model", "MODEL_DIR", "no model dir")
     try:
         differences = export_model_dir(model_dir)
     except ConfigError as e:
-        raise _fail(str(e), EXIT_BAD_INPUT) from None
+        raise fail(str(e), EXIT_BAD_INPUT) from None
     except ExportError as e:
-        raise _fail(str(e), EXIT_FAILED) from None
+        raise fail(str(e), EXIT_FAILED) from None
     for name, difference in differences.items():
         typer.echo(f"wrote {model_dir / name} (max |torch - onnxruntime| = {difference:.1e})")

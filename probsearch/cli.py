@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from indexer.cli import app as indexer_app
 from models.allocator import keep_freed_memory
 from models.cli import app as models_app
+from models.command_line import EXIT_BAD_INPUT, fail, one_line, settings_from
 from models.datasets.cli import app as data_app
 from models.evaluation.cli import eval_command
-from service.commands import _one_line, _settings_with
 from service.commands import app as service_app
 
 app = typer.Typer(
@@ -63,7 +62,7 @@ def demo(
     from probsearch.demo import SMALL_PLAN, DemoPlan, build_demo, redis_answering, run_examples
 
     try:
-        settings = _settings_with({"host": host, "port": port, "redis_url": redis_url})
+        settings = settings_from({"host": host, "port": port, "redis_url": redis_url})
         url = settings.redis_url or DEFAULT_LOCAL_REDIS
         if redis_answering(url):
             typer.echo(f"using Redis at {url} (active versions, result cache)")
@@ -89,9 +88,8 @@ def demo(
                 "Ctrl-C stops"
             )
             server.wait()
-    except (ValidationError, ValueError, OSError) as error:
-        typer.echo(f"error: {_one_line(error)}", err=True)
-        raise typer.Exit(2) from None
+    except (ValueError, OSError) as error:
+        raise fail(one_line(error), EXIT_BAD_INPUT) from None
     except KeyboardInterrupt:
         typer.echo("stopped")
 

@@ -5,31 +5,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 from indexer.shortlist_backends import make_backend
-from models.settings import Settings
+from models.command_line import EXIT_BAD_INPUT, check_served_paths, fail, one_line, settings_from
 
 app = typer.Typer(no_args_is_help=True)
-
-
-def _settings_with(overrides: dict[str, Any]) -> Settings:
-    """Settings from PROBSEARCH_* with the given CLI flags on top (None: not given), and
-    ./indexes and ./model where neither names the index root or the model dir."""
-    return Settings.with_flags(overrides).with_default_paths()
-
-
-def _check_paths(settings: Settings) -> None:
-    if not (settings.model / "model.json").is_file():
-        raise ValueError(
-            f"model dir {settings.model} has no model.json: pass --model MODEL_DIR "
-            "(a dir written by `probsearch train`) or set PROBSEARCH_MODEL"
-        )
-    if not settings.index_root.is_dir():
-        raise ValueError(
-            f"index root {settings.index_root} does not exist: pass --index-root or "
-            "set PROBSEARCH_INDEX_ROOT (build one with `probsearch reindex`)"
-        )
 
 
 @app.command()
@@ -58,12 +38,11 @@ def serve(
         "redis_url": redis_url,
     }
     try:
-        settings = _settings_with(overrides)
-        _check_paths(settings)
+        settings = settings_from(overrides).with_default_paths()
+        check_served_paths(settings)
         make_backend(settings.shortlist_backend, settings.milvus_uri)  # pymilvus, URI set
-    except (ValidationError, ValueError, OSError) as error:
-        typer.echo(f"error: {_one_line(error)}", err=True)
-        raise typer.Exit(2) from None
+    except (ValueError, OSError) as error:
+        raise fail(one_line(error), EXIT_BAD_INPUT) from None
     if settings.workers == 1:
         uvicorn.run(
             create_app(settings),
@@ -86,14 +65,6 @@ def serve(
         log_level=log_level,
         **settings.uvicorn_options(),
     )
-
-
-def _one_line(error: Exception) -> str:
-    if isinstance(error, ValidationError):
-        return "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors()
-        )
-    return str(error)
 
 
 @app.command()
@@ -125,11 +96,10 @@ def calibrate(
     from models.threads import thread_budget
 
     try:
-        settings = _settings_with(
-            {"index_root": index_root, "model": model, "redis_url": redis_url}
-        )
+        flags = {"index_root": index_root, "model": model, "redis_url": redis_url}
+        settings = settings_from(flags).with_default_paths()
         threads = apply_thread_budget(thread_budget("batch", settings.threads))
-        _check_paths(settings)
+        check_served_paths(settings)
         target = Target(precision=target_precision, coverage=target_coverage)
         registry = ActiveRegistry(settings.index_root, settings.redis_url)
         for modality in gallery or settings.galleries:
@@ -149,9 +119,8 @@ def calibrate(
             )
             for result in run_calibration(job):
                 typer.echo(_calibration_line(modality, version, result))
-    except (ValidationError, ValueError, OSError) as error:
-        typer.echo(f"error: {_one_line(error)}", err=True)
-        raise typer.Exit(2) from None
+    except (ValueError, OSError) as error:
+        raise fail(one_line(error), EXIT_BAD_INPUT) from None
 
 
 def _calibration_line(modality: str, version: str, result: Any) -> str:

@@ -1,0 +1,63 @@
+"""What every probsearch command shares: its settings as "flag, else environment", and an error
+as one line on stderr with an exit code instead of a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from pydantic import ValidationError
+
+from models.settings import Settings
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
+    """Print `error: message` on stderr; returns the Exit to raise (`raise fail(...)`)."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def one_line(error: Exception) -> str:
+    """The error as one line: a settings ValidationError as `field: message; ...`."""
+    if isinstance(error, ValidationError):
+        return "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors()
+        )
+    return str(error)
+
+
+def settings_from(flags: dict[str, Any]) -> Settings:
+    """Settings from PROBSEARCH_* with the command's flags on top (None: not given); a value
+    that is no valid setting fails with one line (exit 2)."""
+    try:
+        return Settings.with_flags(flags)
+    except ValidationError as error:
+        raise fail(one_line(error), EXIT_BAD_INPUT) from None
+
+
+def required(settings: Settings, name: str, option: str, what: str = "") -> Any:
+    """settings.<name>, which its flag or PROBSEARCH_<NAME> set; when neither did, fails
+    (exit 2) saying to pass `option` or set the variable (`what`: what is missing)."""
+    value = getattr(settings, name)
+    if value is None:
+        what = what or f"{option} is required"
+        raise fail(f"{what}: pass {option} or set PROBSEARCH_{name.upper()}", EXIT_BAD_INPUT)
+    return value
+
+
+def check_served_paths(settings: Settings) -> None:
+    """ValueError unless settings.model holds a model and settings.index_root exists (what
+    `serve` and `calibrate` read)."""
+    if not (settings.model / "model.json").is_file():
+        raise ValueError(
+            f"model dir {settings.model} has no model.json: pass --model MODEL_DIR "
+            "(a dir written by `probsearch train`) or set PROBSEARCH_MODEL"
+        )
+    if not settings.index_root.is_dir():
+        raise ValueError(
+            f"index root {settings.index_root} does not exist: pass --index-root or "
+            "set PROBSEARCH_INDEX_ROOT (build one with `probsearch reindex`)"
+        )
