@@ -1,4 +1,4 @@
-"""Subcommands of the index stage: reindex and index list|activate|rollback|gc."""
+"""Subcommands of the index stage: reindex, calibrate and index list|activate|rollback|gc."""
 
 from __future__ import annotations
 
@@ -6,11 +6,18 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-from models.command_line import fail, required, settings_from
+from models.command_line import (
+    EXIT_BAD_INPUT,
+    check_served_paths,
+    fail,
+    one_line,
+    required,
+    settings_from,
+)
 from models.threads import thread_budget
 
 app = typer.Typer(no_args_is_help=True)
@@ -210,3 +217,72 @@ def gc(
     registry = _registry(index_root, redis_url)
     removed = _run(lambda: registry.gc(modality, keep))
     typer.echo(f"removed {len(removed)} {modality} versions" + "".join(f"\n  {v}" for v in removed))
+
+
+@app.command()
+def calibrate(
+    data: Annotated[Path, typer.Option(help="Dataset dir with the held-out queries.")],
+    target_precision: Annotated[
+        float | None, typer.Option(help="P@1 precision the kept queries must reach.")
+    ] = None,
+    target_coverage: Annotated[
+        float | None, typer.Option(help="Fraction of queries to keep instead.")
+    ] = None,
+    index_root: Annotated[
+        Path | None, typer.Option(help="Index root (PROBSEARCH_INDEX_ROOT).")
+    ] = None,
+    model: Annotated[Path | None, typer.Option(help="Model dir (PROBSEARCH_MODEL).")] = None,
+    gallery: Annotated[list[str] | None, typer.Option(help="image and/or text.")] = None,
+    split: Annotated[str, typer.Option(help="Held-out split the gallery does not hold.")] = "val",
+    metrics: Annotated[str, typer.Option(help="Comma-separated; default: all served.")] = "",
+    mc_samples: Annotated[
+        int | None, typer.Option(help="MC draws (PROBSEARCH_MC_SAMPLES).")
+    ] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+) -> None:
+    """Pick the reject score, its temperature and threshold for the active indexes on held-out
+    queries (the score with the best normalised AUPRC)."""
+    from indexer.calibration import CalibrationJob, Target, run_calibration
+    from indexer.registry import ActiveRegistry
+    from indexer.threads import apply_thread_budget
+    from models.threads import thread_budget
+
+    try:
+        flags = {"index_root": index_root, "model": model, "redis_url": redis_url}
+        settings = settings_from(flags).with_default_paths()
+        threads = apply_thread_budget(thread_budget("batch", settings.threads))
+        check_served_paths(settings)
+        target = Target(precision=target_precision, coverage=target_coverage)
+        registry = ActiveRegistry(settings.index_root, settings.redis_url)
+        for modality in gallery or settings.galleries:
+            version = registry.active_version(modality)
+            if version is None:
+                raise ValueError(f"no active {modality} index under {settings.index_root}")
+            job = CalibrationJob(
+                version_dir=registry.version_path(modality, version),
+                model_dir=settings.model,
+                data_dir=data,
+                target=target,
+                split=split,
+                metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()),
+                # not a settings flag: calibration may draw more than the server's max_mc_samples
+                mc_samples=settings.mc_samples if mc_samples is None else mc_samples,
+                device=settings.device,
+                threads=threads,
+            )
+            for result in run_calibration(job):
+                typer.echo(_calibration_line(modality, version, result))
+    except (ValueError, OSError) as error:
+        raise fail(one_line(error), EXIT_BAD_INPUT) from None
+
+
+def _calibration_line(modality: str, version: str, result: Any) -> str:
+    met = "" if result.target_met else "  (target NOT met: most certain group kept)"
+    quality = max(result.normalized_auprc.values())
+    return (
+        f"{modality} {version} {result.metric}: rejects by {result.score} "
+        f"(normalised AUPRC {quality:.3f}) T={result.temperature:g} tau={result.threshold:.4f}"
+        f" keeps {100 * result.kept_fraction:.1f}% at P@1 precision "
+        f"{100 * result.kept_precision:.1f}% (all queries: {100 * result.accuracy:.1f}%)"
+        f"{result.gate_note()}{met}"
+    )
