@@ -2,22 +2,81 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import time
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from models.command_line import EXIT_BAD_INPUT, EXIT_FAILED, fail, required, settings_from
-from models.networks.model_config import ModelConfig, TrainConfig
+from models.networks.model_config import ModelConfig, Option, TrainConfig
 
-DEFAULT_MODEL = ModelConfig()
-DEFAULT_TRAINING = TrainConfig()
+T = TypeVar("T")
 
 app = typer.Typer(no_args_is_help=True)
+CONFIGS = (ModelConfig, TrainConfig)  # their fields annotated with Option are train's options
+
+
+def option_fields(config: type) -> list[tuple[dataclasses.Field, Option]]:
+    """The fields of a config dataclass that are options of train, with their Option: those
+    annotated `Annotated[type, Option(help)]` (models.networks.model_config)."""
+    hints = typing.get_type_hints(config, include_extras=True)
+    found = []
+    for field in dataclasses.fields(config):
+        marks = [m for m in getattr(hints[field.name], "__metadata__", ()) if isinstance(m, Option)]
+        found += [(field, mark) for mark in marks[:1]]
+    return found
+
+
+def config_options(*configs: type) -> list[inspect.Parameter]:
+    """One keyword option per option field of the configs: --field-name, typed and defaulted
+    like the field, with its help."""
+    return [
+        inspect.Parameter(
+            field.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=field.default,
+            annotation=Annotated[type(field.default), typer.Option(help=option.help)],
+        )
+        for config in configs
+        for field, option in option_fields(config)
+    ]
+
+
+def with_config_options(
+    *configs: type, after: str
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Add config_options(*configs) to a command's options, right after its option `after`;
+    their values arrive in the command's **kwargs."""
+
+    def add(command: Callable[..., T]) -> Callable[..., T]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        at = 1 + [p.name for p in own].index(after)
+        parameters = [*own[:at], *config_options(*configs), *own[at:]]
+        command.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[p.replace(kind=p.KEYWORD_ONLY) for p in parameters]
+        )
+        return command
+
+    return add
+
+
+def configs_from(options: dict[str, Any]) -> tuple[ModelConfig, TrainConfig]:
+    """The ModelConfig and TrainConfig that train's config options give."""
+    model_config, train_config = (
+        config(**{field.name: options[field.name] for field, _ in option_fields(config)})
+        for config in CONFIGS
+    )
+    return model_config, train_config
 
 
 @app.command()
+@with_config_options(*CONFIGS, after="out")
 def train(
     data: Annotated[
         Path,
@@ -29,150 +88,9 @@ def train(
     out: Annotated[
         Path | None, typer.Option(help="model dir to write (default: PROBSEARCH_MODEL)")
     ] = None,
-    model_type: Annotated[str, typer.Option(help="gcie | gce | gie | vse | pvse")] = "gcie",
-    metric: Annotated[
-        str,
-        typer.Option(
-            help="training similarity; default: w2 (gcie), mahalanobis (gce, gie), cosine (vse)"
-        ),
-    ] = "",
-    image_query_metric: Annotated[
-        str,
-        typer.Option(
-            help="metric the service ranks captions with for an image query that names none "
-            "(default: the training metric's)"
-        ),
-    ] = "",
-    covariance: Annotated[
-        str, typer.Option(help="ellipsoidal | spherical-avgpool | spherical-one-value")
-    ] = "ellipsoidal",
-    objective: Annotated[
-        str,
-        typer.Option(
-            help="hinge (triplet on -distance) | pcme (sampled match probability) | pcmepp "
-            "(closed-form sampled distance, pseudo-positives)"
-        ),
-    ] = DEFAULT_TRAINING.objective,
-    variance_objective: Annotated[
-        str,
-        typer.Option(
-            help="'' | spread (each variance = the spread of the item's plausible matches) | "
-            "pcmepp (PCME++ on the detached means)"
-        ),
-    ] = DEFAULT_TRAINING.variance_objective,
-    variance_reads_only: Annotated[
-        bool,
-        typer.Option(help="the variance head reads the trunk's features without training them"),
-    ] = DEFAULT_MODEL.variance_reads_only,
-    positives: Annotated[
-        str,
-        typer.Option(
-            help="pairs (own captions only) | plausible (no plausible pair is a negative) | "
-            "plausible_images (no image a caption plausibly describes is its negative)"
-        ),
-    ] = DEFAULT_TRAINING.positives,
-    vib_beta: Annotated[
-        float, typer.Option(help="weight of KL(N(mu, sigma^2) || N(0, I)) per Gaussian modality")
-    ] = DEFAULT_TRAINING.vib_beta,
-    uniformity_weight: Annotated[
-        float, typer.Option(help="weight of the uniformity loss on the means")
-    ] = DEFAULT_TRAINING.uniformity_weight,
-    match_samples: Annotated[
-        int, typer.Option(help="J of PCME's J x J sampled match probability")
-    ] = DEFAULT_TRAINING.match_samples,
-    pseudo_positive_weight: Annotated[
-        float, typer.Option(help="PCME++ weight of the pseudo-positive loss")
-    ] = DEFAULT_TRAINING.pseudo_positive_weight,
-    epochs: Annotated[
-        int, typer.Option(help="at most this many epochs (with --resume: up to this)")
-    ] = DEFAULT_TRAINING.epochs,
-    patience: Annotated[
-        int,
-        typer.Option(
-            help="stop after this many epochs without a better validation score (0: never)"
-        ),
-    ] = DEFAULT_TRAINING.patience,
-    batch_size: Annotated[
-        int, typer.Option(help="images per batch, each with its captions")
-    ] = DEFAULT_TRAINING.batch_size,
-    lr: Annotated[
-        float, typer.Option(help="Adam learning rate (x0.1 when validation stops improving)")
-    ] = DEFAULT_TRAINING.lr,
-    embed_dim: Annotated[int, typer.Option(help="embedding dimension D")] = DEFAULT_MODEL.embed_dim,
-    margin: Annotated[float, typer.Option(help="hinge margin")] = DEFAULT_TRAINING.margin,
-    negatives: Annotated[
-        str,
-        typer.Option(
-            help="sum (all violating negatives) | hardest (VSE++ max violation, after one epoch "
-            "of sum)"
-        ),
-    ] = DEFAULT_TRAINING.negatives,
-    dropout: Annotated[
-        float, typer.Option(help="MC-dropout probability p")
-    ] = DEFAULT_MODEL.dropout,
-    var_min: Annotated[
-        float, typer.Option(help="lower safety bound of the variance")
-    ] = DEFAULT_MODEL.var_min,
-    var_max: Annotated[
-        float, typer.Option(help="upper safety bound of the variance")
-    ] = DEFAULT_MODEL.var_max,
-    num_embeds: Annotated[
-        int, typer.Option(help="pvse: K embeddings per item")
-    ] = DEFAULT_MODEL.num_embeds,
-    cnn_downsample: Annotated[
-        str, typer.Option(help="stride (stride-2 convs) | maxpool (full-resolution convs)")
-    ] = DEFAULT_MODEL.cnn_downsample,
-    stem_stride: Annotated[
-        int, typer.Option(help="stride of the first conv (1 keeps the full resolution)")
-    ] = DEFAULT_MODEL.stem_stride,
-    image_pooling: Annotated[
-        str, typer.Option(help="grid (flattened 4x4 map) | objects (plus per-cell detectors)")
-    ] = DEFAULT_MODEL.image_pooling,
-    label_weight: Annotated[
-        float, typer.Option(help="weight of the auxiliary loss on the dataset's image labels")
-    ] = DEFAULT_TRAINING.label_weight,
-    attribute_weight: Annotated[
-        float,
-        typer.Option(
-            help="weight of the auxiliary loss that reads each image's object attributes "
-            "(shapes, colours, sizes) off its trunk features"
-        ),
-    ] = DEFAULT_TRAINING.attribute_weight,
-    outlier_fraction: Annotated[
-        float,
-        typer.Option(help="synthetic outlier images per real image of a batch (0 = none)"),
-    ] = DEFAULT_TRAINING.outlier_fraction,
-    outlier_ranking_weight: Annotated[
-        float,
-        typer.Option(
-            help="weight of ranking each synthetic outlier's image log-det above every real "
-            "image's (outlier exposure; needs --outlier-fraction; 0 = off)"
-        ),
-    ] = DEFAULT_TRAINING.outlier_ranking_weight,
-    counterfactual_weight: Annotated[
-        float,
-        typer.Option(help="weight of ranking each pair above its swapped counterparts (0 = off)"),
-    ] = DEFAULT_TRAINING.counterfactual_weight,
-    counterfactuals: Annotated[
-        str,
-        typer.Option(
-            help="what the counterfactual weight applies to: captions (a shape, colour or size "
-            "word swapped), images (one object's shape swapped; shapes data only) or both"
-        ),
-    ] = DEFAULT_TRAINING.counterfactuals,
-    caption_swaps: Annotated[
-        str,
-        typer.Option(help="which words swapped captions change: some of shape,color,size"),
-    ] = DEFAULT_TRAINING.caption_swaps,
-    div_weight: Annotated[
-        float, typer.Option(help="pvse: weight of the diversity loss")
-    ] = DEFAULT_TRAINING.div_weight,
-    mmd_weight: Annotated[
-        float, typer.Option(help="pvse: weight of the MMD loss")
-    ] = DEFAULT_TRAINING.mmd_weight,
-    seed: Annotated[int, typer.Option()] = DEFAULT_TRAINING.seed,
     resume: Annotated[bool, typer.Option(help="continue the run saved in --out")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    **config: Any,
 ) -> None:
     """Train the encoders on DATA and write a model dir with ONNX encoders."""
     from models.datasets.records import DatasetError
@@ -187,46 +105,7 @@ def train(
     out = required(settings, "model", "--out", "no model dir")
     configure_torch_threads(settings.threads)
     try:
-        model_config = ModelConfig(
-            model_type=model_type,
-            metric=metric,
-            image_query_metric=image_query_metric,
-            covariance=covariance,
-            embed_dim=embed_dim,
-            dropout=dropout,
-            var_min=var_min,
-            var_max=var_max,
-            variance_reads_only=variance_reads_only,
-            num_embeds=num_embeds,
-            cnn_downsample=cnn_downsample,
-            stem_stride=stem_stride,
-            image_pooling=image_pooling,
-        )
-        train_config = TrainConfig(
-            epochs=epochs,
-            patience=patience,
-            batch_size=batch_size,
-            lr=lr,
-            objective=objective,
-            variance_objective=variance_objective,
-            positives=positives,
-            margin=margin,
-            negatives=negatives,
-            vib_beta=vib_beta,
-            uniformity_weight=uniformity_weight,
-            match_samples=match_samples,
-            pseudo_positive_weight=pseudo_positive_weight,
-            div_weight=div_weight,
-            mmd_weight=mmd_weight,
-            label_weight=label_weight,
-            attribute_weight=attribute_weight,
-            outlier_fraction=outlier_fraction,
-            outlier_ranking_weight=outlier_ranking_weight,
-            counterfactual_weight=counterfactual_weight,
-            counterfactuals=counterfactuals,
-            caption_swaps=caption_swaps,
-            seed=seed,
-        )
+        model_config, train_config = configs_from(config)
         result = run_training(
             data, out, model_config, train_config, resume=resume, progress=progress, log=typer.echo
         )

@@ -1,4 +1,7 @@
-"""Architecture, preprocessing and training settings of a model dir, stored as model.json."""
+"""Architecture, preprocessing and training settings of a model dir, stored as model.json.
+
+A field annotated with Option is an option of `probsearch train` (--field-name, the field's
+type and default, the Option's help; models.cli builds the options from the fields)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from models.distance.gaussian import METRICS as GAUSSIAN_METRICS
 
@@ -64,6 +67,14 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Option:
+    """Marks a config field (`Annotated[type, Option(help)]`) as an option of `probsearch
+    train`, with its help (models.cli)."""
+
+    help: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Everything needed to rebuild the encoders and preprocess their inputs.
 
@@ -77,38 +88,60 @@ class ModelConfig:
     validation recalls (informational).
     """
 
-    model_type: ModelType = "gcie"
-    embed_dim: int = 32
-    covariance: Covariance = "ellipsoidal"
-    metric: str = ""  # "" = the model type's default (DEFAULT_METRIC)
-    image_query_metric: str = ""  # default metric of the caption gallery; "" = search_metric
+    model_type: Annotated[ModelType, Option("gcie | gce | gie | vse | pvse")] = "gcie"
+    embed_dim: Annotated[int, Option("embedding dimension D")] = 32
+    covariance: Annotated[
+        Covariance, Option("ellipsoidal | spherical-avgpool | spherical-one-value")
+    ] = "ellipsoidal"
+    # "" = the model type's default (DEFAULT_METRIC).
+    metric: Annotated[
+        str, Option("training similarity; default: w2 (gcie), mahalanobis (gce, gie), cosine (vse)")
+    ] = ""
+    # The default metric of the caption gallery; "" = search_metric.
+    image_query_metric: Annotated[
+        str,
+        Option(
+            "metric the service ranks captions with for an image query that names none (default: "
+            "the training metric's)"
+        ),
+    ] = ""
     name: str = "probsearch-shapes"
     version: int = FORMAT_VERSION
-    var_min: float = 1e-6  # safety bounds of the variance, far outside its working range
-    var_max: float = 1e3
+    # Safety bounds of the variance, far outside its working range.
+    var_min: Annotated[float, Option("lower safety bound of the variance")] = 1e-6
+    var_max: Annotated[float, Option("upper safety bound of the variance")] = 1e3
     logvar_init: float = -4.0  # log-variance of a new model (sigma about 0.14 per dim)
-    # The variance head reads the trunk's features without training them (its loss then
-    # cannot pull the features away from what the means need).
-    variance_reads_only: bool = False
+    # Its loss then cannot pull the features away from what the means need.
+    variance_reads_only: Annotated[
+        bool, Option("the variance head reads the trunk's features without training them")
+    ] = False
     point_logvar: float = 0.0
     normalize_mu: bool = True
-    dropout: float = 0.1
+    dropout: Annotated[float, Option("MC-dropout probability p")] = 0.1
     image_size: int = 64
     image_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     image_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     cnn_channels: tuple[int, ...] = (16, 32, 64, 128)
-    stem_stride: int = 2  # stride of the first conv block (1 keeps full resolution there)
+    stem_stride: Annotated[
+        int, Option("stride of the first conv (1 keeps the full resolution)")
+    ] = 2
     # How the last feature map becomes the trunk's features: "grid" flattens its 4x4 cells
     # (layout kept, a detector learned per cell); "objects" adds a 1x1-conv detector shared by
     # every cell, averaged over the map, so "a purple star" is found wherever it is.
-    image_pooling: str = "grid"
-    cnn_downsample: str = "stride"  # "stride" (stride-2 convs) | "maxpool" (models.networks)
+    image_pooling: Annotated[
+        str, Option("grid (flattened 4x4 map) | objects (plus per-cell detectors)")
+    ] = "grid"
+    # Implemented in models.networks.
+    cnn_downsample: Annotated[
+        str, Option("stride (stride-2 convs) | maxpool (full-resolution convs)")
+    ] = "stride"
     image_features: int = 128
     word_dim: int = 64
     text_hidden: int = 128
     vocab_size: int = 2
     max_caption_tokens: int = 32
-    num_embeds: int = 2  # K embeddings per item (pvse only; the paper uses 2 to 4)
+    # The paper uses 2 to 4.
+    num_embeds: Annotated[int, Option("pvse: K embeddings per item")] = 2
     training: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, Any] = field(default_factory=dict)
 
@@ -310,55 +343,108 @@ class TrainConfig:
     `warmup_epochs` epochs of the sum.
     """
 
-    epochs: int = 60  # at most; training stops earlier when validation stops improving
-    patience: int = 8  # epochs without a better validation score before stopping (0 = never)
-    batch_size: int = 32  # images per batch (each with its captions)
-    lr: float = 2e-3
+    # At most: training stops earlier when validation stops improving.
+    epochs: Annotated[int, Option("at most this many epochs (with --resume: up to this)")] = 60
+    patience: Annotated[
+        int, Option("stop after this many epochs without a better validation score (0: never)")
+    ] = 8
+    batch_size: Annotated[int, Option("images per batch, each with its captions")] = 32
+    lr: Annotated[float, Option("Adam learning rate (x0.1 when validation stops improving)")] = 2e-3
     lr_patience: int = 3  # epochs without improvement before lr *= lr_decay
     lr_decay: float = 0.1
-    objective: str = "hinge"  # hinge | pcme | pcmepp (models.objectives)
-    # "" | pcmepp | spread: fit the variances alone, on the detached means (models.objectives)
-    variance_objective: str = ""
-    # Which pairs of a batch are never negatives: "pairs" only the own ones; "plausible" every
-    # plausible match; "plausible_images" the images a caption plausibly describes, while an
-    # image still ranks its own captions above all others (models.objectives.hinge).
-    positives: str = "pairs"
-    margin: float = 0.2
-    negatives: str = "sum"
+    # Implemented in models.objectives.
+    objective: Annotated[
+        str,
+        Option(
+            "hinge (triplet on -distance) | pcme (sampled match probability) | pcmepp "
+            "(closed-form sampled distance, pseudo-positives)"
+        ),
+    ] = "hinge"
+    # Fit the variances alone, on the detached means (models.objectives).
+    variance_objective: Annotated[
+        str,
+        Option(
+            "'' | spread (each variance = the spread of the item's plausible matches) | pcmepp "
+            "(PCME++ on the detached means)"
+        ),
+    ] = ""
+    # Which pairs of a batch are never negatives; with "plausible_images" an image still ranks
+    # its own captions above all others (models.objectives.hinge).
+    positives: Annotated[
+        str,
+        Option(
+            "pairs (own captions only) | plausible (no plausible pair is a negative) | "
+            "plausible_images (no image a caption plausibly describes is its negative)"
+        ),
+    ] = "pairs"
+    margin: Annotated[float, Option("hinge margin")] = 0.2
+    negatives: Annotated[
+        str,
+        Option(
+            "sum (all violating negatives) | hardest (VSE++ max violation, after one epoch of sum)"
+        ),
+    ] = "sum"
     warmup_epochs: int = 1  # epochs with the sum-over-negatives loss before `negatives`
-    vib_beta: float = 0.0  # weight of KL(N(mu, sigma^2) || N(0, I)) per Gaussian modality
-    uniformity_weight: float = 0.0
-    match_samples: int = 7  # J of PCME's J x J sampled match probability
+    vib_beta: Annotated[
+        float, Option("weight of KL(N(mu, sigma^2) || N(0, I)) per Gaussian modality")
+    ] = 0.0
+    uniformity_weight: Annotated[float, Option("weight of the uniformity loss on the means")] = 0.0
+    match_samples: Annotated[int, Option("J of PCME's J x J sampled match probability")] = 7
     match_lr: float = 0.05  # Adam lr of the match probability's a and b (pcme, pcmepp)
-    pseudo_positive_weight: float = 0.1  # PCME++
+    pseudo_positive_weight: Annotated[
+        float, Option("PCME++ weight of the pseudo-positive loss")
+    ] = 0.1
     grad_clip: float = 2.0
     captions_per_image: int = 0  # captions of each image per batch (0 = all of them)
-    # Weight of the auxiliary loss that reads the dataset's image labels (e.g. "purple star")
-    # off the image mean with a linear probe (models.objectives.labels); 0 = off.
-    label_weight: float = 0.0
-    # Weight of the auxiliary loss that reads which object attribute values (each shape,
-    # colour and size) an image holds off its trunk features (models.objectives.labels;
-    # datasets with object annotations); 0 = off.
-    attribute_weight: float = 0.0
-    # Synthetic outliers per real image of a batch (models.datasets.outliers): negatives of
-    # every caption, and with variance "spread" fitted to the spread of all captions; 0 = off.
-    outlier_fraction: float = 0.0
-    # Weight of the hinge that ranks each synthetic outlier's image log-det at least D ln 2
-    # above every real image's of the batch (models.objectives.regularizers.
-    # outlier_ranking_loss; needs outlier_fraction > 0); 0 = off.
-    outlier_ranking_weight: float = 0.0
-    # Weight of the hinge that ranks each caption above itself with one shape or colour word
-    # swapped (models.datasets.counterfactuals; shapes-style datasets); 0 = off.
-    counterfactual_weight: float = 0.0
-    # Which counterfactuals that weight applies to: "captions" (a word swapped), "images" (the
-    # image re-rendered with one object's shape swapped; shapes data only) or "both".
-    counterfactuals: str = "both"
-    # Which words the swapped captions change, comma-separated from CAPTION_SWAPS: each
-    # caption gets one swap per attribute named here that it has a word of.
-    caption_swaps: str = "shape,color,size"
-    div_weight: float = 0.1  # pvse: weight of the diversity loss (lambda_1 of the paper)
-    mmd_weight: float = 0.01  # pvse: weight of the MMD loss (lambda_2 of the paper)
-    seed: int = 0
+    # The labels (e.g. "purple star") are read off the image mean by a linear probe
+    # (models.objectives.labels).
+    label_weight: Annotated[
+        float, Option("weight of the auxiliary loss on the dataset's image labels")
+    ] = 0.0
+    # Which attribute values an image holds (models.objectives.labels; datasets with object
+    # annotations).
+    attribute_weight: Annotated[
+        float,
+        Option(
+            "weight of the auxiliary loss that reads each image's object attributes (shapes, "
+            "colours, sizes) off its trunk features"
+        ),
+    ] = 0.0
+    # The outliers (models.datasets.outliers) are negatives of every caption, and with variance
+    # "spread" fitted to the spread of all captions.
+    outlier_fraction: Annotated[
+        float, Option("synthetic outlier images per real image of a batch (0 = none)")
+    ] = 0.0
+    # A hinge: each outlier's log-det at least D ln 2 above every real image's of the batch
+    # (models.objectives.regularizers.outlier_ranking_loss).
+    outlier_ranking_weight: Annotated[
+        float,
+        Option(
+            "weight of ranking each synthetic outlier's image log-det above every real image's "
+            "(outlier exposure; needs --outlier-fraction; 0 = off)"
+        ),
+    ] = 0.0
+    # A hinge (models.datasets.counterfactuals; shapes-style datasets).
+    counterfactual_weight: Annotated[
+        float, Option("weight of ranking each pair above its swapped counterparts (0 = off)")
+    ] = 0.0
+    counterfactuals: Annotated[
+        str,
+        Option(
+            "what the counterfactual weight applies to: captions (a shape, colour or size word "
+            "swapped), images (one object's shape swapped; shapes data only) or both"
+        ),
+    ] = "both"
+    # Comma-separated from CAPTION_SWAPS: each caption gets one swap per attribute named here
+    # that it has a word of.
+    caption_swaps: Annotated[
+        str, Option("which words swapped captions change: some of shape,color,size")
+    ] = "shape,color,size"
+    # lambda_1 of the paper.
+    div_weight: Annotated[float, Option("pvse: weight of the diversity loss")] = 0.1
+    # lambda_2 of the paper.
+    mmd_weight: Annotated[float, Option("pvse: weight of the MMD loss")] = 0.01
+    seed: Annotated[int, Option()] = 0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 2:
