@@ -38,14 +38,14 @@ def milvus_index(
     """(Milvus index type, metric type, build params) for a manifest's index type and params.
 
     flat -> FLAT (exact); ivf -> IVF_FLAT; hnsw -> HNSW (Milvus searches inner product in
-    HNSW natively, no MIPS transform); ivfpq -> IVF_PQ; ivfsq8 -> IVF_SQ8.
+    HNSW natively, no MIPS transform); ivfpq -> IVF_PQ; ivfsq -> IVF_SQ8.
     """
     metric = "L2" if index_form(family).faiss_metric == "l2" else "IP"
     if index_type == "flat":
         return "FLAT", metric, {}
     if index_type == "ivf":
         return "IVF_FLAT", metric, {"nlist": int(params["nlist"])}
-    if index_type == "ivfsq8":
+    if index_type == "ivfsq":
         return "IVF_SQ8", metric, {"nlist": int(params["nlist"])}
     if index_type == "hnsw":
         build = {"M": int(params["hnsw_m"]), "efConstruction": int(params["ef_construction"])}
