@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.settings import Settings
 from probsearch.demo import SMALL_PLAN, build_demo
-from service.main import create_app
+from service.http.main import create_app
 
 TEXTS = [f"{n} {c} {s}" for n in ("a", "two") for c in ("red", "blue", "green", "purple")
          for s in ("circles", "squares", "stars")]  # fmt: skip

@@ -1,6 +1,6 @@
 """Per-query cost of Searcher.search_batch at several batch sizes, in-process (no HTTP, no batcher).
 
-Builds the server's services (service.main.build_services) on a demo build (benchmarks/
+Builds the server's services (service.http.main.build_services) on a demo build (benchmarks/
 service_bench.py's work dir), then runs batches of B distinct text queries through
 Searcher.search_batch: wall ms per query for each B, and with --profile a cProfile breakdown
 (cumulative ms per query of the pipeline's stages). The code under test is whatever PYTHONPATH
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from models.settings import Settings
-from service.main import build_services
+from service.http.main import build_services
 from service.metrics import ServiceMetrics
 from service.searcher import Query, SearchParams
 from service.services import Services

@@ -1,7 +1,7 @@
 """The raw parts of one text query, timed in-process on the objects the server builds.
 
 Run by benchmarks/service_bench.py in a process of its own with the server's environment
-(PROBSEARCH_*), so the services come from the same settings: service.main.build_services, then
+(PROBSEARCH_*), so the services come from the same settings: service.http.main.build_services, then
 per query the ONNX encode with L draws, the FAISS shortlist, the exact re-rank
 (models.scoring.rerank.exact_rerank), the uncertainty scores
 (models.scoring.query_scores.shortlist_scores) and the metadata lookup of the top k, each
@@ -25,11 +25,11 @@ import torch
 from models.scoring.query_scores import shortlist_scores
 from models.scoring.rerank import exact_rerank
 from models.settings import Settings
-from service.main import build_services
+from service.http.main import build_services
+from service.http.schemas import TextSearchRequest
+from service.http.search_flow import search_params
 from service.metrics import ServiceMetrics
 from service.outcome import DEFAULT_TEMPERATURE
-from service.schemas import TextSearchRequest
-from service.search_flow import search_params
 from service.searcher import GALLERY_OF_KIND, Query, default_shortlist
 from service.services import Services
 

@@ -367,7 +367,7 @@ def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start,
             "## Raw parts of one text query (ms, p50 per part)",
             "",
             f"Timed in a process of their own with each server's environment, on the"
-            f" objects service.main.build_services makes; {args.raw_iterations} queries"
+            f" objects service.http.main.build_services makes; {args.raw_iterations} queries"
             " after 20 warm-up ones. Thread setting `default` pins nothing. The whole"
             " searcher column: after each of those queries, the same caption through"
             " Searcher.search_batch (the parts and the searcher's own bookkeeping), so that"

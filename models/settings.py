@@ -190,7 +190,7 @@ class Settings(BaseSettings):
 
     def uvicorn_options(self) -> dict[str, float]:
         """Server options that bound idle and slow connections (the body deadline is the
-        app's own: service.middleware.BodyReadTimeoutMiddleware)."""
+        app's own: service.http.middleware.BodyReadTimeoutMiddleware)."""
         return {"timeout_keep_alive": self.keep_alive_timeout_s}
 
     @property

@@ -6,7 +6,7 @@ import time
 import uvicorn
 
 from models.settings import Settings
-from service.main import create_app
+from service.http.main import create_app
 
 
 class BackgroundServer:

@@ -88,7 +88,7 @@ class ResultCache:
     costs this process about 100 us of CPU, a SET in a pipeline of five about 43 (redis-py
     8.1), and at one client the lone SET lands on the next request's time.
     `known` tells the keys this process stored or found lately (the last KNOWN_KEYS), so that
-    a caller may skip a lookup that would most likely miss (service.search_flow).
+    a caller may skip a lookup that would most likely miss (service.http.search_flow).
     """
 
     def __init__(

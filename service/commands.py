@@ -27,7 +27,7 @@ def serve(
     """Run the HTTP query service (every setting also reads PROBSEARCH_*; flags win)."""
     import uvicorn
 
-    from service.main import create_app
+    from service.http.main import create_app
 
     overrides = {
         "index_root": index_root,
@@ -57,7 +57,7 @@ def serve(
         if value is not None:
             os.environ[f"PROBSEARCH_{name.upper()}"] = str(value)
     uvicorn.run(
-        "service.main:create_app_from_env",
+        "service.http.main:create_app_from_env",
         factory=True,
         host=settings.host,
         port=settings.port,

@@ -57,7 +57,7 @@ class ServiceMetrics:
         self.cache_skips = Counter(
             "probsearch_cache_skips",
             "Lone searches that did not ask the result cache: their key was not one this "
-            "process stored or found lately (service.search_flow).",
+            "process stored or found lately (service.http.search_flow).",
             registry=reg,
         )
         self.rejections = Counter(

@@ -18,7 +18,7 @@ DEFAULT_REJECT_SCORE = "mutual_information"  # of a version that was never calib
 
 @dataclass
 class Hit:
-    """One result: the fields of the response's SearchHit, in its order (service.response_body
+    """One result: the fields of the response's SearchHit, in its order (service.http.response_body
     writes a Hit as it is)."""
 
     id: str

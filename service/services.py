@@ -1,4 +1,4 @@
-"""The long-lived services of a running app (built once by its lifespan, service.main)."""
+"""The long-lived services of a running app (built once by its lifespan, service.http.main)."""
 
 from dataclasses import dataclass
 
@@ -29,4 +29,4 @@ class Services:
     decoder: ImageDecoder
     image_batcher: MicroBatcher[Query, Outcome]  # image queries; text and embeddings: batcher
     redis_health: RedisHealth | None = None
-    searches_in_flight: int = 0  # between cache lookup and result (service.search_flow)
+    searches_in_flight: int = 0  # between cache lookup and result (service.http.search_flow)

@@ -1,5 +1,5 @@
 """FastAPI dependencies: the long-lived services on app.state and API keys (the JSON search
-bodies are read by service.json_request).
+bodies are read by service.http.json_request).
 
 Every dependency is `async def` although none awaits: FastAPI runs a plain `def` dependency in
 its thread pool, and those hand-offs cost more than the search's own arithmetic on a small
@@ -12,12 +12,12 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from models.settings import Settings
-from service.auth_limit import FailedAuthLimiter
 from service.errors import (
     AuthenticationError,
     IndexUnavailableError,
     TooManyFailedAttemptsError,
 )
+from service.http.auth_limit import FailedAuthLimiter
 from service.services import Services
 
 

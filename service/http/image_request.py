@@ -15,8 +15,8 @@ from starlette.datastructures import UploadFile
 
 from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 from service.errors import InvalidQueryError, PayloadTooLargeError, UnsupportedMediaTypeError
-from service.middleware import BodyReadTimeoutError
-from service.schemas import ImageSearchRequest, SearchOptions
+from service.http.middleware import BodyReadTimeoutError
+from service.http.schemas import ImageSearchRequest, SearchOptions
 from service.searcher import GALLERY_OF_KIND, Query, SearchParams
 from service.services import Services
 

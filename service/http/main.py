@@ -21,12 +21,22 @@ from models.onnx.encoder_runtime import OnnxEncoder
 from models.scoring.rerank import compute_device
 from models.settings import Settings
 from models.threads import thread_budget
-from service.auth_limit import FailedAuthLimiter
 from service.batching import MicroBatcher
 from service.cache import ResultCache
-from service.deps import SearchAuth
 from service.errors import HANDLED_ERRORS, TooManyFailedAttemptsError, status_of
 from service.gallery_stats import GalleryStats
+from service.http.auth_limit import FailedAuthLimiter
+from service.http.deps import SearchAuth
+from service.http.middleware import (
+    BodyReadTimeoutError,
+    BodyReadTimeoutMiddleware,
+    BodySizeLimitMiddleware,
+    RequestMetricsMiddleware,
+    error_response,
+)
+from service.http.openapi_limits import install_openapi_limits
+from service.http.routes import admin, health, items, page, search
+from service.http.schemas import AUTH_ERROR_RESPONSES
 from service.image_decode import (
     ImageDecoder,
     default_concurrent_decodes,
@@ -34,17 +44,7 @@ from service.image_decode import (
 )
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
-from service.middleware import (
-    BodyReadTimeoutError,
-    BodyReadTimeoutMiddleware,
-    BodySizeLimitMiddleware,
-    RequestMetricsMiddleware,
-    error_response,
-)
-from service.openapi_limits import install_openapi_limits
 from service.redis_health import RedisHealth
-from service.routes import admin, health, items, page, search
-from service.schemas import AUTH_ERROR_RESPONSES
 from service.searcher import GALLERY_OF_KIND, Searcher
 from service.services import Services
 

@@ -5,7 +5,7 @@ from pydantic import BaseModel, Field
 
 from models.distance.gaussian import METRICS
 from service.gallery_stats import GalleryStats
-from service.schemas import SearchOptions
+from service.http.schemas import SearchOptions
 from service.searcher import GALLERY_OF_KIND
 from service.services import Services
 

@@ -1,6 +1,6 @@
 """The JSON body of a search answer, written straight from its Outcome.
 
-Its shape is service.schemas.SearchResponse, the model the OpenAPI schema shows; building
+Its shape is service.http.schemas.SearchResponse, the model the OpenAPI schema shows; building
 and validating those models cost about 42 us a response, a dict through pydantic_core 17 us
 (a text answer of 10 results). The tests hold the two together: every body parses into
 SearchResponse and dumps back to the same bytes.

@@ -1,5 +1,5 @@
 """A search below the HTTP edge: limits and defaults of the options, the query's seed, the
-result cache and the micro-batchers (the body: service.response_body). Route handlers parse
+result cache and the micro-batchers (the body: service.http.response_body). Route handlers parse
 and answer."""
 
 import asyncio
@@ -15,9 +15,9 @@ from models.settings import Settings
 from service.batching import MicroBatcher
 from service.cache import cache_key
 from service.errors import IndexUnavailableError, InvalidQueryError
+from service.http.response_body import response_body
+from service.http.schemas import SearchOptions
 from service.outcome import Outcome
-from service.response_body import response_body
-from service.schemas import SearchOptions
 from service.searcher import GALLERY_OF_KIND, Query, SearchParams, default_shortlist
 from service.services import Services
 

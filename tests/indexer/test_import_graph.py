@@ -17,7 +17,7 @@ import grimp
 import pytest
 
 PACKAGES = ("models", "indexer", "service", "probsearch")
-SERVER = "service.main"
+SERVER = "service.http.main"
 WRITE_SIDE_CONTRACT = "The server imports none of indexer's write side"
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

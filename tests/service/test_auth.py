@@ -4,7 +4,7 @@ are rate limited per client and per presented key."""
 import httpx
 import pytest
 
-from service.auth_limit import FailedAuthLimiter
+from service.http.auth_limit import FailedAuthLimiter
 from tests.service.conftest import ADMIN_KEY, Artifacts, ServerThread, make_settings
 
 SEARCH_PATHS = ("/search/text", "/search/image", "/search/embedding")

@@ -10,7 +10,6 @@ import pytest
 
 from models.settings import Settings
 from service import cache as cache_module
-from service import search_flow
 from service.batching import MicroBatcher
 from service.cache import Backoff, ResultCache, cache_key
 from service.errors import (
@@ -19,6 +18,7 @@ from service.errors import (
     OverloadedError,
     status_of,
 )
+from service.http import search_flow
 from service.metrics import STAGES, ServiceMetrics
 from tests.service.conftest import PROBSEARCH
 

@@ -76,7 +76,7 @@ def traversal_targets(artifacts: Artifacts) -> list[str]:
         "/v1/items/~%2F.ssh%2Fid_rsa/image",
         "/v1/items/%2Fproc%2Fself%2Fenviron/image",
         "/v1/items/.%2Fmetadata.sqlite/image",
-        "/static/../service/main.py",
+        "/static/../service/http/main.py",
         "/static/..%2Fmain.py",
         "/static/%2e%2e/main.py",
         "/static/%2e%2e%2f%2e%2e%2fetc%2fpasswd",

@@ -5,7 +5,13 @@ import math
 import httpx
 import pytest
 
-from service.schemas import LOGVAR_LIMIT, MAX_TEMPERATURE, MIN_TEMPERATURE, MU_LIMIT, SearchResponse
+from service.http.schemas import (
+    LOGVAR_LIMIT,
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    MU_LIMIT,
+    SearchResponse,
+)
 
 EDGES = [(MU_LIMIT, LOGVAR_LIMIT), (-MU_LIMIT, -LOGVAR_LIMIT), (MU_LIMIT, -LOGVAR_LIMIT),
          (0.0, LOGVAR_LIMIT)]  # fmt: skip

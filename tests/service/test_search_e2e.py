@@ -13,7 +13,7 @@ import pytest
 import redis
 from PIL import Image
 
-from service.schemas import SearchResponse
+from service.http.schemas import SearchResponse
 from tests.service.conftest import Artifacts, ServerThread, brute_force
 
 CAPTION = "a big red circle and a small blue square"
@@ -175,7 +175,7 @@ def test_cache_hit_returns_the_identical_body(
 
 
 def test_every_search_body_is_exactly_a_search_response(client: httpx.Client) -> None:
-    """The bodies are written without the response models (service.response_body): each
+    """The bodies are written without the response models (service.http.response_body): each
     parses into SearchResponse and dumps back to the same bytes, so no field is missing,
     extra, renamed or out of the schema's order."""
     text = client.post(

@@ -15,7 +15,7 @@ from models.networks.model_config import ModelConfig
 from service.gallery_stats import log_det_range
 from tests.service.conftest import Artifacts
 
-STATIC = Path(__file__).parents[2] / "service" / "static"
+STATIC = Path(__file__).parents[2] / "service" / "http" / "static"
 ROOT = Path(__file__).parents[2]
 # A reference to another origin: scheme-relative or absolute URLs with a host name.
 FOREIGN_URL = re.compile(r"(?:https?:)?//[a-z0-9-]+(?:\.[a-z0-9-]+)+", re.IGNORECASE)
@@ -58,9 +58,9 @@ def test_no_static_file_names_another_origin() -> None:
 def test_every_static_file_is_package_data() -> None:
     # Non-editable installs (the Docker images) ship only what package-data names.
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["service"]
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["service.http"]
     for path in STATIC.rglob("*"):
-        relative = path.relative_to(ROOT / "service").as_posix()
+        relative = path.relative_to(STATIC.parent).as_posix()
         if path.is_file():
             assert any(fnmatch.fnmatch(relative, p) for p in patterns), relative
 

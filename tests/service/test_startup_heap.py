@@ -1,4 +1,4 @@
-"""The service freezes the heap start-up leaves (service.main.freeze_startup_heap)."""
+"""The service freezes the heap start-up leaves (service.http.main.freeze_startup_heap)."""
 
 import gc
 

@@ -4,8 +4,8 @@ import asyncio
 
 from fastapi import APIRouter
 
-from service.deps import AdminAuth, ServicesDep
-from service.schemas import ADMIN_ERROR_RESPONSES, ERROR_RESPONSES, ReloadResponse
+from service.http.deps import AdminAuth, ServicesDep
+from service.http.schemas import ADMIN_ERROR_RESPONSES, ERROR_RESPONSES, ReloadResponse
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminAuth])
 

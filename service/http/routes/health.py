@@ -7,10 +7,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from indexer.calibration_inheritance import uncalibrated_metrics
-from service.deps import ServicesDep
+from service.http.deps import ServicesDep
+from service.http.schemas import ERROR_RESPONSES, IndexesResponse, IndexInfo, ReadinessResponse
 from service.index_holder import calibration_warning
 from service.metrics import CONTENT_TYPE_LATEST
-from service.schemas import ERROR_RESPONSES, IndexesResponse, IndexInfo, ReadinessResponse
 
 router = APIRouter(tags=["health"])
 

@@ -4,10 +4,10 @@ import asyncio
 
 from fastapi import APIRouter, Response
 
-from service.deps import SearchAuth, ServicesDep
 from service.errors import ItemNotFoundError
+from service.http.deps import SearchAuth, ServicesDep
+from service.http.schemas import ERROR_RESPONSES, ErrorResponse
 from service.item_images import read_item_image
-from service.schemas import ERROR_RESPONSES, ErrorResponse
 
 router = APIRouter(prefix="/v1/items", tags=["items"], dependencies=[SearchAuth])
 

@@ -7,13 +7,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
-from service.deps import ServicesDep
-from service.page_config import ServiceConfig, service_config
-from service.schemas import ERROR_RESPONSES
+from service.http.deps import ServicesDep
+from service.http.page_config import ServiceConfig, service_config
+from service.http.schemas import ERROR_RESPONSES
 
 router = APIRouter(tags=["page"])
 
-STATIC_PACKAGE = ("service", "static")
+STATIC_PACKAGE = ("service.http", "static")
 
 # Everything the page loads comes from this service: the browser refuses any other origin.
 PAGE_HEADERS = {

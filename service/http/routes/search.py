@@ -1,5 +1,5 @@
 """POST /search/text, /search/image and /search/embedding: parse the request, answer it
-(the work is in service.search_flow and service.image_request)."""
+(the work is in service.http.search_flow and service.http.image_request)."""
 
 import hashlib
 import time
@@ -7,11 +7,11 @@ import time
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from service.deps import ServicesDep
 from service.errors import InvalidQueryError
-from service.image_request import image_query, read_image_request
-from service.json_request import json_body_schema, read_json_request
-from service.schemas import (
+from service.http.deps import ServicesDep
+from service.http.image_request import image_query, read_image_request
+from service.http.json_request import json_body_schema, read_json_request
+from service.http.schemas import (
     SEARCH_ERROR_RESPONSES,
     EmbeddingSearchRequest,
     ImageSearchRequest,
@@ -19,7 +19,7 @@ from service.schemas import (
     SearchResponse,
     TextSearchRequest,
 )
-from service.search_flow import Answer, answer, check_text, search_params
+from service.http.search_flow import Answer, answer, check_text, search_params
 from service.searcher import GALLERY_OF_KIND, Query
 
 # The API key dependency is added by the app factory when require_api_key_for_search is set.
