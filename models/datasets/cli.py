@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from models.command_line import fail
 from models.datasets.clipart import IMAGE_SIZE, LIBRARY, SKIPPED_FILE, write_clipart
 from models.datasets.clipart_render import RenderLimits
 from models.datasets.records import SPLITS, DatasetError, load_dataset
@@ -19,11 +20,6 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Datasets: write the built-in shapes or clip-art dataset, or check a dataset directory.",
 )
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=1)
 
 
 @app.command("shapes")
@@ -44,9 +40,9 @@ def shapes(
     try:
         generate_shapes(out, images, seed, workers=workers, overwrite=overwrite, progress=not quiet)
     except (DatasetError, OSError) as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     except BrokenProcessPool as exc:
-        raise _fail(f"a worker process died ({exc}); retry with --workers 1") from exc
+        raise fail(f"a worker process died ({exc}); retry with --workers 1") from exc
     elapsed = time.perf_counter() - started
     typer.echo(f"wrote {images} images (seed {seed}) to {out} in {elapsed:.1f} s")
 
@@ -81,9 +77,9 @@ def clipart(
         meta = write_clipart(out, library=library, size=size, workers=workers, limits=limits,
                              overwrite=overwrite, progress=not quiet)  # fmt: skip
     except (DatasetError, OSError) as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     except BrokenProcessPool as exc:
-        raise _fail(f"a worker process died ({exc}); retry with --workers 1") from exc
+        raise fail(f"a worker process died ({exc}); retry with --workers 1") from exc
     elapsed = time.perf_counter() - started
     typer.echo(
         f"wrote {meta['num_images']} images and {meta['num_captions']} captions to {out} in "
@@ -104,7 +100,7 @@ def photos(
     try:
         written = write_photos(out)
     except OSError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(f"wrote {len(written)} photographs to {out}")
 
 
@@ -116,7 +112,7 @@ def check(
     try:
         dataset = load_dataset(directory)
     except (DatasetError, OSError) as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     name = dataset.meta.get("name", "?")
     typer.echo(f"{directory}: dataset {name!r}, {len(dataset.label_names)} label names")
     for split in SPLITS:

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from models.command_line import fail
 from models.distance.gaussian import UnknownMetricError
 from models.evaluation.evaluate import (
     EvalConfig,
@@ -27,11 +28,6 @@ def main() -> None:
     """Evaluation of trained models."""
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
 def _parse_list(text: str | None, kind: type, what: str) -> tuple:
     if not text:
         return ()
@@ -39,7 +35,7 @@ def _parse_list(text: str | None, kind: type, what: str) -> tuple:
         return tuple(kind(item.strip()) for item in text.split(",") if item.strip())
     except ValueError as e:
         message = f"--{what} must be a comma-separated list of {kind.__name__}: {text!r}"
-        raise _fail(message, 2) from e
+        raise fail(message, 2) from e
 
 
 @app.command("eval")
@@ -83,17 +79,17 @@ def eval_command(
     configure_torch_threads(settings.threads)
     model_dir = model or settings.model
     if model_dir is None:
-        raise _fail("no model dir: pass --model MODEL_DIR or set PROBSEARCH_MODEL", 2)
+        raise fail("no model dir: pass --model MODEL_DIR or set PROBSEARCH_MODEL", 2)
     if ood is not None and not ood.is_dir():
-        raise _fail(f"--ood {ood} is not a folder of images", 2)
+        raise fail(f"--ood {ood} is not a folder of images", 2)
     if not model_dir.is_dir():
-        raise _fail(f"model dir {model_dir} does not exist (train one with `probsearch train`)", 1)
+        raise fail(f"model dir {model_dir} does not exist (train one with `probsearch train`)", 1)
     metric_names = _parse_list(metrics, str, "metrics")
     try:
         for metric in metric_names:
             check_eval_metric(metric)
     except UnknownMetricError as e:
-        raise _fail(str(e), 2) from e
+        raise fail(str(e), 2) from e
     try:
         config = EvalConfig(
             metrics=metric_names,
@@ -107,9 +103,9 @@ def eval_command(
         )
         result = evaluate_model(model_dir, data, split, config)
     except EvaluationError as e:
-        raise _fail(str(e), 2) from e
+        raise fail(str(e), 2) from e
     except (ValueError, OSError) as e:  # dataset, model dir, image and math errors
-        raise _fail(str(e), 1) from e
+        raise fail(str(e), 1) from e
     if report is None:
         typer.echo(markdown_report(result))
         return
