@@ -214,16 +214,18 @@ def make_library(root: Path) -> Path:
 LIMITS = RenderLimits(max_bytes=64_000)
 
 
-def test_write_clipart_keeps_the_usable_drawings_and_counts_the_rest(tmp_path: Path) -> None:
+def build(tmp_path: Path, size: int) -> tuple[Path, dict]:
+    """The dataset of make_library's drawings at `size` pixels: its directory and meta."""
     out = tmp_path / "out"
-    meta = write_clipart(
-        out,
-        library=make_library(tmp_path / "svg"),
-        size=48,
-        workers=1,
-        limits=LIMITS,
-        progress=False,
-    )
+    library = tmp_path / "svg"
+    if not library.exists():
+        make_library(library)
+    meta = write_clipart(out, library=library, size=size, workers=1, limits=LIMITS, progress=False)
+    return out, meta
+
+
+def test_write_clipart_keeps_the_usable_drawings_and_counts_the_rest(tmp_path: Path) -> None:
+    out, meta = build(tmp_path, 48)
     assert meta["num_images"] == 5
     assert meta["skipped"] == {
         "duplicate file": 1,
@@ -262,15 +264,7 @@ def _source(out: Path, image_id: str) -> str:
 
 
 def test_captions_match_the_drawings_whose_labels_hold_what_they_name(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    write_clipart(
-        out,
-        library=make_library(tmp_path / "svg"),
-        size=32,
-        workers=1,
-        limits=LIMITS,
-        progress=False,
-    )
+    out, _ = build(tmp_path, 32)
     dataset = load_dataset(out)
     by_text = {c.text: c for c in dataset.captions}
     source = {im.id: _source(out, im.id) for im in dataset.images}
@@ -291,15 +285,14 @@ def test_captions_match_the_drawings_whose_labels_hold_what_they_name(tmp_path: 
 
 
 def test_a_second_run_renders_nothing_and_writes_the_same_files(tmp_path: Path, monkeypatch):
-    library, out = make_library(tmp_path / "svg"), tmp_path / "out"
-    write_clipart(out, library=library, size=32, workers=1, limits=LIMITS, progress=False)
+    out, _ = build(tmp_path, 32)
     before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     calls = []
     real = clipart_render.render_png
     monkeypatch.setattr(
         "models.datasets.clipart.render_png", lambda *a: calls.append(a) or real(*a)
     )
-    write_clipart(out, library=library, size=32, workers=1, limits=LIMITS, progress=False)
+    build(tmp_path, 32)
     after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert len(calls) == 1  # only the blank drawing, which never made a PNG, is tried again
     assert after == before
