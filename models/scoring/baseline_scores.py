@@ -43,7 +43,8 @@ def top1_margin(distances: np.ndarray) -> np.ndarray:
     if distances.shape[-1] < 2:
         return np.zeros(distances.shape[:-1])
     two = np.partition(distances, 1, axis=-1)[..., :2]
-    gap = two[..., 1] - two[..., 0]  # inf - finite = inf, inf - inf = nan: no second result
+    with np.errstate(invalid="ignore"):  # inf - inf = nan: a row of padding only
+        gap = two[..., 1] - two[..., 0]  # inf - finite = inf: no second result
     return 0.0 - np.where(np.isfinite(gap), gap, 0.0)
 
 
