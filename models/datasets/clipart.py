@@ -122,9 +122,7 @@ def read_library(library: Path, limits: RenderLimits, tally: Tally) -> list[Draw
             sources.append((relative, svg, read_author_text(data)))
         except RenderError as exc:
             tally.skip(relative, exc.reason, str(exc))
-        except MetadataError as exc:
-            tally.skip(relative, "unreadable", str(exc))
-        except OSError as exc:
+        except (MetadataError, OSError) as exc:
             tally.skip(relative, "unreadable", str(exc))
     return _drawings(sources, tally)
 
@@ -202,7 +200,7 @@ def _prepare_out(out: Path, size: int, overwrite: bool) -> None:
     settings = out / RENDER_FILE
     if out.exists() and not out.is_dir():
         raise DatasetError(f"{out} exists and is not a directory")
-    earlier = json.loads(settings.read_text()) if settings.is_file() else None
+    earlier = _earlier_settings(settings)
     if out.is_dir() and any(out.iterdir()) and earlier is None and not overwrite:
         raise DatasetError(
             f"{out} is not empty and holds no earlier clip-art run; choose an empty or new "
@@ -215,6 +213,18 @@ def _prepare_out(out: Path, size: int, overwrite: bool) -> None:
             png.unlink()
     images.mkdir(parents=True, exist_ok=True)
     settings.write_text(json.dumps({"size": size}) + "\n")
+
+
+def _earlier_settings(path: Path) -> dict | None:
+    """The render settings of an earlier run into the same directory, if any."""
+    if not path.is_file():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise DatasetError(
+            f"{path} is not an earlier run's settings ({exc}); use --overwrite"
+        ) from exc
 
 
 def write_clipart(

@@ -319,6 +319,11 @@ def test_a_foreign_directory_is_refused_and_a_missing_library_explained(tmp_path
     )
     assert result.exit_code == 1 and "apt-get install openclipart-svg" in result.output
     assert "Traceback" not in result.output
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "render.json").write_text("{broken")
+    result = runner.invoke(app, ["clipart", "--out", str(tmp_path / "new"), "--library",
+                                 str(tmp_path / "svg"), "--quiet"])  # fmt: skip
+    assert result.exit_code == 1 and "not an earlier run's settings" in result.output
 
 
 def test_the_command_on_a_folder_of_the_real_library_passes_data_check(tmp_path: Path) -> None:
