@@ -136,8 +136,8 @@ def main() -> None:
     )
     same_ids = local.metadata(range(IMAGES)) == on_ray.metadata(range(IMAGES))
     gap = float(np.abs(np.asarray(local.mu) - np.asarray(on_ray.mu)).max())
-    _, want = local.shortlist("kl", np.asarray(local.mu), np.asarray(local.logvar), 10)
-    _, got = on_ray.shortlist("kl", np.asarray(local.mu), np.asarray(local.logvar), 10)
+    want = local.shortlist("kl", np.asarray(local.mu), np.asarray(local.logvar), 10)
+    got = on_ray.shortlist("kl", np.asarray(local.mu), np.asarray(local.logvar), 10)
     lines += ["", f"rerun: exit {rerun.returncode} in {wall:.1f} s; "
               + rerun.stdout.strip().splitlines()[0 if rerun.returncode else -2][-120:],
               f"rerun activated {new} (was {old}); same ids in order: {same_ids}; max |mu gap| vs"

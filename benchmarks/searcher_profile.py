@@ -34,7 +34,7 @@ STAGES = (
     ("store.py", "shortlist"),
     ("rerank.py", "exact_rerank"),
     ("rerank.py", "rerank_batch"),
-    ("query_scores.py", "shortlist_scores"),
+    ("query_scores.py", "score_shortlists"),
     ("searcher.py", "_outcome"),
     ("searcher.py", "_hits"),
     ("outcome.py", "hit_lists"),
@@ -42,12 +42,8 @@ STAGES = (
 )
 
 
-def make_queries(captions: list[str], batch: int, draws: int, offset: int) -> list[Query]:
-    """`batch` distinct text queries (k=10, the default metric and shortlist)."""
-    params = SearchParams(
-        k=10, metric=None, shortlist=None, mc_samples=draws, temperature=None,
-        reject_threshold=None, return_embedding=False,
-    )  # fmt: skip
+def make_queries(params: SearchParams, captions: list[str], batch: int, offset: int) -> list[Query]:
+    """`batch` distinct text queries with these options."""
     return [
         Query(
             kind="text",
@@ -60,11 +56,16 @@ def make_queries(captions: list[str], batch: int, draws: int, offset: int) -> li
     ]
 
 
+def _params(services: Services, args) -> SearchParams:
+    """k=10, the default metric and shortlist, args.draws draws."""
+    return services.searcher.params("image", k=10, mc_samples=args.draws)
+
+
 def time_batches(services: Services, captions: list[str], batch: int, args) -> float:
     """Median wall ms per query over args.rounds batches of `batch` queries."""
     per_query = []
     for round_ in range(args.warmup + args.rounds):
-        queries = make_queries(captions, batch, args.draws, round_ * batch)
+        queries = make_queries(_params(services, args), captions, batch, round_ * batch)
         start = time.perf_counter()
         outcomes = services.searcher.search_batch(queries)
         elapsed = time.perf_counter() - start
@@ -79,7 +80,8 @@ def time_batches(services: Services, captions: list[str], batch: int, args) -> f
 def profile_batches(services: Services, captions: list[str], batch: int, args) -> dict:
     """Cumulative ms per query of each stage (STAGES) under cProfile, and the top functions."""
     queries = [
-        make_queries(captions, batch, args.draws, 10_000 + r * batch) for r in range(args.rounds)
+        make_queries(_params(services, args), captions, batch, 10_000 + r * batch)
+        for r in range(args.rounds)
     ]
     profiler = cProfile.Profile()
     profiler.enable()

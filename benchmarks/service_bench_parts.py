@@ -26,11 +26,9 @@ from models.scoring.query_scores import shortlist_scores
 from models.scoring.rerank import exact_rerank
 from models.settings import Settings
 from service.http.main import build_services
-from service.http.schemas import TextSearchRequest
-from service.http.search_flow import search_params
 from service.metrics import ServiceMetrics
 from service.outcome import DEFAULT_TEMPERATURE
-from service.searcher import GALLERY_OF_KIND, Query, default_shortlist
+from service.searcher import GALLERY_OF_KIND, Query
 from service.services import Services
 
 PARTS = ("encode", "shortlist", "rerank", "uncertainty", "metadata")
@@ -83,13 +81,11 @@ class _TextQueries:
         )
         self.metric = self.searcher.default_metric("image")  # text queries search the image gallery
         self.shortlist_metric = self.searcher.shortlist_metric(self.metric)
-        self.size = default_shortlist(K)
         calibration = self.index.manifest.calibration.get(self.metric)
         self.temperature = calibration.temperature if calibration else DEFAULT_TEMPERATURE
         self.captions, self.draws = captions, draws
-        self.params = search_params(
-            TextSearchRequest(text="-", k=K, mc_samples=draws), services, GALLERY_OF_KIND["text"]
-        )
+        self.params = self.searcher.params(GALLERY_OF_KIND["text"], k=K, mc_samples=draws)
+        self.size = self.params.shortlist
 
     def time_one(self, i: int) -> tuple[np.ndarray, float]:
         """ms of each of PARTS for query i, and ms of Searcher.search_batch on its caption."""
@@ -99,7 +95,7 @@ class _TextQueries:
         out = self.encoder.encode_texts([f"{caption} raw{i}"], draws, [i])
         mu, logvar = out.mu[0], out.logvar[0]  # (D,)
         t1 = time.perf_counter()
-        _, rows = index.shortlist(self.shortlist_metric, mu[None], logvar[None], self.size)
+        rows = index.shortlist(self.shortlist_metric, mu[None], logvar[None], self.size)
         t2 = time.perf_counter()
         ranked = exact_rerank(
             metric, mu, logvar, index.mu, index.logvar, rows[0], self.size, device

@@ -55,18 +55,11 @@ from models.evaluation.rejection_metrics import (
 )
 from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
-from models.scoring.query_scores import (
-    TEMPERATURE_SCORES,
-    CaptionFit,
-    gated,
-    query_scores,
-    shortlist_distances,
-)
-from models.scoring.rerank import Ranked, compute_device, rerank_batch
+from models.scoring.query_scores import TEMPERATURE_SCORES, gated, score_shortlists
+from models.scoring.rerank import compute_device
 from models.threads import ThreadBudget
 
 CALIBRATION_FILE = "calibration.json"
-SCORE_BLOCK = 64  # queries scored together (memory: SCORE_BLOCK x draws x shortlist x D)
 RERANK_BLOCK = 1024  # queries re-ranked together (memory: RERANK_BLOCK x shortlist x D)
 DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 OUTLIER_QUERIES = 250
@@ -189,67 +182,46 @@ def query_scores_by_candidate(
     device: torch.device,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every (score, T) candidate's value per query, and plausible-P@1 correctness per query,
-    computed as the service computes them: each query's exact re-rank, then models.scoring
-    over its shortlist (queries whose shortlists have the same length are scored together).
+    computed as the service computes them: the version's shortlist, then
+    models.scoring.query_scores.score_shortlists, the service's own last stage.
 
     Returns:
         scores: candidate_name(score, T) -> (Q,) values.
         correct: (Q,) whether the top result is a plausible match.
     """
-    _, rows = version.shortlist(metric, embeddings.mu, embeddings.logvar, shortlist)  # (Q, S)
-    correct = np.zeros(len(rows), dtype=bool)
-    groups: dict[int, list[tuple[int, Ranked]]] = {}
-    bar = tqdm(total=len(rows), desc=f"calibrate {metric}", unit="query")
-    for start in range(0, len(rows), RERANK_BLOCK):
-        block = slice(start, start + RERANK_BLOCK)
-        batch = rerank_batch(
-            metric, embeddings.mu[block], embeddings.logvar[block], version.mu, version.logvar,
-            rows[block], shortlist, device,
-        )  # fmt: skip
-        tops = version.metadata([int(r) for r in batch.rows[:, 0]])
-        for offset, top in enumerate(tops):
-            q, ranked = start + offset, batch.query(offset)
-            correct[q] = judge(q, top["id"])
-            groups.setdefault(len(ranked.rows), []).append((q, ranked))
-        bar.update(len(tops))
-    bar.close()
+    candidates = version.shortlist(metric, embeddings.mu, embeddings.logvar, shortlist)  # (Q, C)
+    correct = np.zeros(len(candidates), dtype=bool)
     values: dict[str, np.ndarray] = {}
     captions = version.manifest.modality == "image"  # an image gallery is searched by captions
-    for group in groups.values():
-        _score_group(metric, embeddings, group, temperatures, device, values, len(rows), captions)
+    gallery = (version.mu, version.logvar)
+    bar = tqdm(total=len(candidates), desc=f"calibrate {metric}", unit="query")
+    for start in range(0, len(candidates), RERANK_BLOCK):
+        block = slice(start, start + RERANK_BLOCK)
+        queries = _queries(embeddings, block)
+        scored = score_shortlists(
+            metric, queries, gallery, candidates[block], shortlist, temperatures, captions, device
+        )
+        tops = version.metadata([int(r) for r in scored.ranked.rows[:, 0]])
+        correct[block] = [judge(start + offset, top["id"]) for offset, top in enumerate(tops)]
+        for temperature in temperatures:
+            for name, value in scored.values(temperature).items():
+                key = candidate_name(name, temperature)
+                values.setdefault(key, np.zeros(len(candidates)))[block] = value
+        bar.update(len(tops))
+    bar.close()
     return values, correct
 
 
-def _score_group(
-    metric: str,
-    embeddings: Embeddings,
-    group: list[tuple[int, Ranked]],
-    temperatures: Sequence[float],
-    device: torch.device,
-    values: dict[str, np.ndarray],
-    num_queries: int,
-    caption_query: bool,
-) -> None:
-    """Fill `values` for the queries of `group` (all with shortlists of one length), a block
-    of SCORE_BLOCK queries at a time; distances are computed once for every temperature."""
-    for start in range(0, len(group), SCORE_BLOCK):
-        block = group[start : start + SCORE_BLOCK]
-        index = np.array([q for q, _ in block])
-        candidates = tuple(torch.stack([getattr(r, f) for _, r in block]) for f in ("mu", "logvar"))
-        query = tuple(
-            torch.from_numpy(a[index]).to(device) for a in (embeddings.mu, embeddings.logvar)
-        )
-        draws = tuple(
-            torch.from_numpy(a[:, index]).to(device)
-            for a in (embeddings.mc_mu, embeddings.mc_logvar)
-        )
-        distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
-        fit = CaptionFit(query[0], candidates, caption_query)
-        for temperature in temperatures:
-            scores = query_scores(query[1], distances, temperature, draws[0], mc_distances, fit)
-            for name, value in scores.available().items():
-                key = candidate_name(name, temperature)
-                values.setdefault(key, np.zeros(num_queries))[index] = value
+def _queries(embeddings: Embeddings, block: slice) -> Embeddings:
+    """The queries of `block` and their draws."""
+    mc_mu, mc_logvar = embeddings.mc_mu, embeddings.mc_logvar
+    return Embeddings(
+        embeddings.mu[block],
+        embeddings.logvar[block],
+        None if mc_mu is None else mc_mu[:, block],
+        None if mc_logvar is None else mc_logvar[:, block],
+        identical_draws=embeddings.identical_draws,
+    )
 
 
 def summarise(

@@ -295,7 +295,7 @@ def verify_version(version_dir: Path, samples: int = SANITY_SAMPLES, seed: int =
         depth = 10 if manifest.index_type in COMPRESSED_TYPES else 1
         needed = 1.0 if manifest.index_type == "flat" else 0.9
         for family in (f for f in manifest.families if f != "csd"):
-            _, found = version.shortlist(family, mu_q, logvar_q, depth)  # (S, depth)
+            _, found = version.search_family(family, mu_q, logvar_q, depth)  # (S, depth)
             hits = [_finds_itself(version, row, got) for row, got in zip(rows, found, strict=True)]
             if np.mean(hits) < needed:
                 raise VerificationError(

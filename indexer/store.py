@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from indexer.manifest import Manifest, ManifestError, read_manifest, verify_checksums
 from indexer.multivector import EMBEDDINGS_FILE, open_multivector
@@ -20,7 +19,6 @@ from indexer.shortlist import ShortlistBackend
 from indexer.shortlist_backends import FaissBackend
 from models.distance.augmented import candidate_families
 from models.distance.gaussian import METRICS
-from models.scoring.rerank import exact_rerank
 
 MU_NAME = "mu.npy"
 LOGVAR_NAME = "logvar.npy"
@@ -86,46 +84,35 @@ class IndexVersion:
 
     def shortlist(
         self, metric: str, mu_q: np.ndarray, logvar_q: np.ndarray | None, size: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Candidates for `metric`: distances (Q, size) float32 and rows (Q, size) int64.
-
-        One family: its index's distances (exact for flat, approximate for PQ). Several
-        (min_kl: kl and kl_reverse): the union of their shortlists, ranked by the exact
-        `metric` distance computed from the stored mu/logvar. Missing results are row -1,
-        distance +inf.
+    ) -> np.ndarray:
+        """Candidate rows for `metric`, (Q, C) int64, for the exact re-rank to rank
+        (models.scoring.rerank): the `size` rows of its index family, or for a metric of
+        several families (min_kl: kl and kl_reverse) each family's `size` rows side by side
+        (C = families x size; repeats are the re-rank's to drop). Missing results are -1.
         """
         if not self.supports(metric):
             raise UnsupportedMetricError(
                 f"index version {self.manifest.version} cannot shortlist {metric!r}; it serves "
                 f"{', '.join(self.manifest.metrics)} (rebuild with --metrics {metric})"
             )
+        families = candidate_families(metric)
+        return np.concatenate(
+            [self.search_family(f, mu_q, logvar_q, size)[1] for f in families], axis=1
+        )
+
+    def search_family(
+        self, family: str, mu_q: np.ndarray, logvar_q: np.ndarray | None, size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One index family's answer: its distances (Q, size) float32 (exact for flat,
+        approximate for compressed indexes; +inf past the last result) and rows (Q, size)."""
+        if family not in self._indexes:
+            raise UnsupportedMetricError(
+                f"index version {self.manifest.version} has no {family!r} index"
+            )
         if size < 1:
             raise ValueError(f"shortlist size must be >= 1; got {size}")
         mu_q = np.ascontiguousarray(mu_q, dtype=np.float32)  # (Q, D)
-        families = candidate_families(metric)
-        if len(families) == 1:
-            return self._indexes[families[0]].search(mu_q, logvar_q, size)
-        rows = np.concatenate(
-            [self._indexes[f].search(mu_q, logvar_q, size)[1] for f in families], axis=1
-        )  # (Q, len(families) * size)
-        return self._rerank_union(metric, mu_q, logvar_q, rows, size)
-
-    def _rerank_union(
-        self, metric: str, mu_q: np.ndarray, logvar_q, rows: np.ndarray, size: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Top `size` of each query's union of candidate rows by exact `metric` distance."""
-        num_queries = len(mu_q)
-        out_rows = np.full((num_queries, size), -1, np.int64)
-        out_distances = np.full((num_queries, size), np.inf, np.float32)
-        logvar_q = np.zeros_like(mu_q) if logvar_q is None else np.asarray(logvar_q, np.float32)
-        cpu = torch.device("cpu")
-        for q in range(num_queries):
-            ranked = exact_rerank(
-                metric, mu_q[q], logvar_q[q], self.mu, self.logvar, rows[q], size, cpu
-            )
-            out_rows[q, : len(ranked.rows)] = ranked.rows
-            out_distances[q, : len(ranked.rows)] = ranked.distances.numpy()
-        return out_distances, out_rows
+        return self._indexes[family].search(mu_q, logvar_q, size)
 
     def metadata(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         """Metadata {"id", "text" or "uri", "extra"} of each row, in the order given."""

@@ -1,10 +1,21 @@
-"""A search's answer: its results, uncertainty and rejection decision, taken from the batched
-re-rank (models.scoring.rerank) and scores (models.scoring.query_scores) of its group."""
+"""A search's answer, declared once: these dataclasses are the JSON body of every search
+endpoint (service.http.search_flow writes them as they are) and the OpenAPI schema of its
+response (FastAPI reads the same classes), so the two cannot drift apart.
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+Distances and scores, once for the whole API:
+- `distance` is the exact distance of the requested metric between the query's Gaussian and
+  the result's Gaussian (models.distance.gaussian; smaller is closer; results are sorted by it).
+- `score` is the retrieval posterior of the result: softmax(-distance / T) over the whole
+  shortlist, with T the temperature in force (`query.temperature`). It lies in [0, 1], larger
+  is better, and the scores of all shortlist candidates sum to 1, so the scores of the
+  returned top-k sum to at most 1.
+"""
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from indexer.manifest import Calibration
 from models.scoring.query_scores import QueryScores, unfamiliar
@@ -14,49 +25,43 @@ from models.scoring.uncertainty import log_det
 QueryKind = Literal["text", "image", "embedding"]
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_REJECT_SCORE = "mutual_information"  # of a version that was never calibrated
+# NaN and infinities are written as null, as pydantic writes them
+_JSON = ConfigDict(ser_json_inf_nan="null")
+
+
+def _about(text: str, **constraints: Any) -> Any:
+    return Field(description=text, **constraints)
 
 
 @dataclass
-class Hit:
-    """One result: the fields of the response's SearchHit, in its order (service.http.response_body
-    writes a Hit as it is)."""
+class SearchHit:
+    """One result; see the module docstring for `distance` and `score`."""
+
+    __pydantic_config__ = _JSON
 
     id: str
-    rank: int
+    rank: Annotated[int, Field(ge=1)]
     score: float
     distance: float
-    log_det: float
+    log_det: Annotated[float, _about("sum of ln sigma^2 of the result.")]
     metadata: dict[str, Any]
 
 
 @dataclass
-class Uncertainty:
-    """The query's scores (models.scoring.query_scores) as numbers; None where not computed."""
-
-    log_det: float
-    entropy: float
-    mutual_information: float | None
-    feature_uncertainty: float | None
-    posterior_entropy: float
-    top_mahalanobis: float | None
-
-    @classmethod
-    def at(cls, scores: QueryScores, j: int) -> "Uncertainty":
-        """The scores of the query at position j."""
-        return cls(**{name: _value(scores.get(name), j) for name in cls.__dataclass_fields__})
-
-
-def _value(values: np.ndarray | None, j: int) -> float | None:
-    return None if values is None else float(values[j])
-
-
-@dataclass
 class RejectScore:
-    """The score the service rejects with (chosen by calibration), its value and threshold."""
+    """The uncertainty score the service rejects with, chosen per metric by calibration; log_det
+    with the gate's limit when an image query's log-det is above it (an unfamiliar image)."""
 
-    name: str
-    value: float | None
-    threshold: float | None
+    __pydantic_config__ = _JSON
+
+    name: Annotated[
+        str,
+        _about("One of log_det, entropy, feature_uncertainty, mutual_information, "
+               "posterior_entropy, top_mahalanobis."),
+    ]  # fmt: skip
+    value: Annotated[float | None, _about("The query's value; null if not computed "
+                                          "(a draw-based score with mc_samples 0).")]  # fmt: skip
+    threshold: Annotated[float | None, _about("Rejected when value > threshold; null: never.")]
 
     @property
     def rejected(self) -> bool:
@@ -64,21 +69,114 @@ class RejectScore:
 
 
 @dataclass
-class Outcome:
-    """Everything a search endpoint answers."""
+class QueryInfo:
+    """What the service knows about the query itself."""
 
-    kind: QueryKind
+    __pydantic_config__ = _JSON
+
+    modality: QueryKind
+    log_det: Annotated[float, _about("sum of ln sigma^2 of the query (larger: vaguer).")]
+    entropy: Annotated[float, _about("Differential entropy of the query Gaussian (nats).")]
+    mutual_information: Annotated[
+        float | None,
+        _about("Posterior uncertainty over the shortlist in nats, in [0, ln(shortlist)]; "
+               "null when mc_samples is 0."),
+    ]  # fmt: skip
+    feature_uncertainty: Annotated[
+        float | None,
+        _about("Sum over dims of the variance of mu across MC draws; null if mc_samples=0."),
+    ]
+    posterior_entropy: Annotated[
+        float,
+        _about("Entropy (nats) of the mean retrieval posterior over the shortlist: high "
+               "when many candidates are about equally good (an ambiguous query)."),
+    ]  # fmt: skip
+    top_mahalanobis: Annotated[
+        float | None,
+        _about("Squared Mahalanobis distance between the image and caption means of the "
+               "query and its first result, under the caption's Gaussian (whose variance is "
+               "the spread of the images it describes): large when the first result lies "
+               "outside what the caption allows. Null for models without variances (pvse)."),
+    ]  # fmt: skip
+    reject_score: RejectScore
+    rejected: Annotated[bool, _about("reject_score.value > reject_score.threshold.")]
+    reject_threshold: Annotated[
+        float | None, _about("Same as reject_score.threshold; null: never rejects.")
+    ]
+    temperature: float
+    mc_samples: int
+    shortlist_size: Annotated[int, _about("Candidates actually re-ranked.")]
+    mu: list[float] | None = None
+    logvar: list[float] | None = None
+
+
+@dataclass
+class Timings:
+    """Milliseconds per stage; batch stages are shared by the requests batched together."""
+
+    __pydantic_config__ = _JSON
+
+    encode: float
+    shortlist: float
+    rerank: float
+    uncertainty: float
+    total: float = 0.0  # set when the answer is written
+
+
+@dataclass
+class SearchResponse:
+    """The answer of every search endpoint."""
+
+    __pydantic_config__ = _JSON
+
+    query: QueryInfo
+    results: list[SearchHit]
     metric: str
     index_version: str
-    temperature: float
-    reject_score: RejectScore
-    mc_samples: int
-    shortlist_size: int
-    uncertainty: Uncertainty
-    hits: list[Hit]
-    mu: np.ndarray
-    logvar: np.ndarray
-    timings_ms: dict[str, float] = field(default_factory=dict)
+    model: str
+    timings_ms: Timings
+
+
+_RESPONSE = TypeAdapter(SearchResponse)
+
+
+def response_json(response: SearchResponse) -> bytes:
+    """The JSON body of `response`."""
+    return _RESPONSE.dump_json(response)
+
+
+def parse_response(body: bytes | str) -> SearchResponse:
+    """A body parsed and validated against the declaration (what clients and tests may do)."""
+    return _RESPONSE.validate_json(body)
+
+
+def query_info(
+    kind: QueryKind,
+    scores: QueryScores,
+    j: int,
+    rule: "ScoreSettings",
+    mc_samples: int,
+    shortlist_size: int,
+    embedding: tuple[np.ndarray, np.ndarray] | None,
+) -> QueryInfo:
+    """The query at position j of `scores`, judged by `rule`; `embedding`: its (mu, logvar)
+    when the request asked for them."""
+    values = {name: _value(scores.get(name), j) for name in _SCORE_FIELDS}
+    reject = rule.reject_score(values)
+    mu, logvar = (None, None) if embedding is None else (a.tolist() for a in embedding)
+    return QueryInfo(
+        modality=kind, **values, reject_score=reject, rejected=reject.rejected,
+        reject_threshold=reject.threshold, temperature=rule.temperature, mc_samples=mc_samples,
+        shortlist_size=shortlist_size, mu=mu, logvar=logvar,
+    )  # fmt: skip
+
+
+_SCORE_FIELDS = ("log_det", "entropy", "mutual_information", "feature_uncertainty",
+                 "posterior_entropy", "top_mahalanobis")  # fmt: skip
+
+
+def _value(values: np.ndarray | None, j: int) -> float | None:
+    return None if values is None else float(values[j])
 
 
 @dataclass(frozen=True)
@@ -105,19 +203,20 @@ class ScoreSettings:
             calibration.log_det_limit if threshold is None else None,
         )
 
-    def reject_score(self, uncertainty: "Uncertainty") -> "RejectScore":
-        """The score that decides: the query's log-det against the familiarity gate when it
-        is above it (an image unlike the training images), else the calibrated score."""
-        if unfamiliar(uncertainty.log_det, self.log_det_limit):
-            return RejectScore("log_det", uncertainty.log_det, self.log_det_limit)
-        return RejectScore(
-            self.score_name, getattr(uncertainty, self.score_name, None), self.threshold
-        )
+    def reject_score(self, values: dict[str, float | None]) -> RejectScore:
+        """The score that decides, from the query's score values by name: its log-det against
+        the familiarity gate when it is above it (an image unlike the training images), else
+        the calibrated score."""
+        log_det = values["log_det"]
+        assert log_det is not None
+        if unfamiliar(log_det, self.log_det_limit):
+            return RejectScore("log_det", log_det, self.log_det_limit)
+        return RejectScore(self.score_name, values.get(self.score_name), self.threshold)
 
 
 def hit_lists(
     index: Any, ranked: RankedBatch, posteriors: list[np.ndarray], ks: list[int]
-) -> list[list[Hit]]:
+) -> list[list[SearchHit]]:
     """Each query's top k results; one metadata lookup and one copy of the numbers for all."""
     tops = np.minimum(np.asarray(ks), ranked.counts)  # (Q,)
     width = int(tops.max()) if len(tops) else 0
@@ -134,7 +233,9 @@ def hit_lists(
     return hits
 
 
-def _hit(record: dict[str, Any], r: int, score: float, distance: float, log_det: float) -> Hit:
+def _hit(
+    record: dict[str, Any], r: int, score: float, distance: float, log_det: float
+) -> SearchHit:
     meta = dict(record)
     item_id = str(meta.pop("id"))
-    return Hit(item_id, r + 1, score, distance, log_det, meta)
+    return SearchHit(item_id, r + 1, score, distance, log_det, meta)

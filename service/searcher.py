@@ -8,32 +8,37 @@ alone, so a query's answer does not depend on the rest of the batch. A query's f
 returned in its slot and never fails the others.
 """
 
+import hashlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from PIL import Image
 
+from indexer.store import UnsupportedMetricError
 from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import METRICS
-from models.onnx.encoder_runtime import OnnxEncoder
+from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR
-from models.scoring.query_scores import QueryScores, shortlist_scores
-from models.scoring.rerank import RankedBatch, rerank_batch
+from models.scoring.query_scores import QueryScores, score_shortlists
+from models.scoring.rerank import RankedBatch
 from models.scoring.uncertainty import sample_gaussian
+from models.settings import Settings
 from service.errors import IndexUnavailableError, InvalidQueryError
 from service.index_holder import IndexHolder, LoadedIndex
 from service.outcome import (
-    Hit,
-    Outcome,
     QueryKind,
     ScoreSettings,
-    Uncertainty,
+    SearchHit,
+    SearchResponse,
+    Timings,
     hit_lists,
+    query_info,
 )
 from service.pvse_search import check_max_pair, max_pair_scores, rank_max_pair
 
@@ -49,15 +54,59 @@ def default_shortlist(k: int) -> int:
 
 @dataclass(frozen=True)
 class SearchParams:
-    """Validated search options (None: the calibrated or configured default)."""
+    """A request's search options within the limits, every default filled in (Searcher.params,
+    the one place that does either). temperature and reject_threshold None: the metric's
+    calibration decides."""
 
     k: int
-    metric: str | None
-    shortlist: int | None
+    metric: str
+    shortlist: int
     mc_samples: int
     temperature: float | None
     reject_threshold: float | None
     return_embedding: bool
+
+
+@dataclass(frozen=True)
+class QueryInput:
+    """What a search request asks, as parsed: exactly one of text, the image file's bytes or
+    (mu, logvar) is set. The query (Query) is made from it on a cache miss only, with the seed
+    derived from `identity`, so that a hit skips decoding an image."""
+
+    kind: QueryKind
+    gallery: str
+    params: SearchParams
+    text: str | None = None
+    image_bytes: bytes | None = None
+    mu: np.ndarray | None = None  # (D,) float32
+    logvar: np.ndarray | None = None  # (D,) float32
+
+    def identity(self) -> dict[str, Any]:
+        """The query itself, apart from its options: what its MC draws are seeded from."""
+        if self.kind == "text":
+            return {"text": self.text}
+        if self.kind == "image":
+            return {"image_sha256": hashlib.sha256(self.image_bytes or b"").hexdigest()}
+        return {"mu": _floats(self.mu), "logvar": _floats(self.logvar)}
+
+    def query(
+        self,
+        seed: int,
+        loaded: LoadedIndex,
+        image: Image.Image | None = None,
+        decode_ms: float = 0.0,
+    ) -> "Query":
+        """The query to search in the pinned version `loaded`, with its seed (and its image,
+        decoded)."""
+        return Query(
+            self.kind, self.gallery, self.params, seed, text=self.text, image=image,
+            mu=self.mu, logvar=self.logvar, decode_ms=decode_ms, loaded=loaded,
+        )  # fmt: skip
+
+
+def _floats(array: np.ndarray | None) -> list[float]:
+    """The float32 values as the floats JSON sent (float32 -> float64 is exact)."""
+    return [] if array is None else array.astype(np.float64).tolist()
 
 
 @dataclass
@@ -73,6 +122,7 @@ class Query:
     mu: np.ndarray | None = None  # (D,)
     logvar: np.ndarray | None = None  # (D,)
     decode_ms: float = 0.0  # spent decoding `image`, counted in the encode timing
+    loaded: LoadedIndex | None = None  # the version it was pinned to; None: the current one
 
 
 @dataclass
@@ -108,9 +158,9 @@ class Searcher:
         encoders: the query encoders by query kind ("text", "image").
         default_metrics: metric of requests that name none, per gallery ("image", "text"):
             the model's (ModelConfig.default_metric).
-        candidate_metric: shortlist metric for metrics without an index form
-            (bhattacharyya, elk, match_prob).
-        max_shortlist: cap of the default shortlist size.
+        settings: the request limits, the default draw count, and the shortlist metric of
+            metrics without an index form (candidate_metric: bhattacharyya, elk, match_prob).
+        model_name: what each answer names as its model.
     """
 
     def __init__(
@@ -119,36 +169,92 @@ class Searcher:
         encoders: Mapping[str, OnnxEncoder],
         *,
         default_metrics: Mapping[str, str],
-        candidate_metric: str,
-        max_shortlist: int,
+        settings: Settings,
+        model_name: str,
         device: torch.device,
     ) -> None:
         self.holder = holder
+        self.model_name = model_name
         self.encoders = dict(encoders)
         self.default_metrics = dict(default_metrics)
-        self.candidate_metric = candidate_metric
-        self.max_shortlist = max_shortlist
+        self.settings = settings
         self.device = device
 
     def default_metric(self, gallery: str) -> str:
         """The metric `gallery` is ranked with when a query names none."""
         return self.default_metrics[gallery]
 
-    def search_batch(self, queries: Sequence[Query]) -> list["Outcome | Exception"]:
-        """Answer every query; a failed query gets its exception in its slot."""
-        results: list[Outcome | Exception | None] = [None] * len(queries)
+    def params(
+        self,
+        gallery: str,
+        *,
+        k: int = 10,
+        metric: str | None = None,
+        shortlist: int | None = None,
+        mc_samples: int | None = None,
+        temperature: float | None = None,
+        reject_threshold: float | None = None,
+        return_embedding: bool = False,
+    ) -> SearchParams:
+        """A request's options checked against the configured limits, with the defaults filled
+        in (None: the default): the metric `gallery` is ranked with, a shortlist of
+        max(10 * k, 100) within max_shortlist, the configured draw count. Whether the active
+        version serves the metric is known at search time only (_plan)."""
+        limits = self.settings
+        if k > limits.max_k:
+            raise InvalidQueryError(f"k={k} is above the limit {limits.max_k}; ask for fewer")
+        if shortlist is not None and shortlist > limits.max_shortlist:
+            raise InvalidQueryError(
+                f"shortlist={shortlist} is above the limit {limits.max_shortlist}"
+            )
+        if shortlist is not None and shortlist < k:
+            raise InvalidQueryError(f"shortlist={shortlist} is smaller than k={k}; it must be >= k")
+        draws = limits.mc_samples if mc_samples is None else mc_samples
+        if draws > limits.max_mc_samples:
+            raise InvalidQueryError(
+                f"mc_samples={draws} is above the limit {limits.max_mc_samples}"
+            )
+        return SearchParams(
+            k=k,
+            metric=metric or self.default_metric(gallery),
+            shortlist=shortlist or max(k, min(default_shortlist(k), limits.max_shortlist)),
+            mc_samples=draws,
+            temperature=temperature,
+            reject_threshold=reject_threshold,
+            return_embedding=return_embedding,
+        )
+
+    def check_text(self, text: str) -> None:
+        """A caption query must have a word and fit max_text_chars."""
+        if not text.strip():
+            raise InvalidQueryError("text is empty: send a caption with at least one word")
+        if len(text) > self.settings.max_text_chars:
+            raise InvalidQueryError(
+                f"text has {len(text)} characters; the limit is {self.settings.max_text_chars} "
+                "(max_text_chars)"
+            )
+
+    def search_batch(self, queries: Sequence[Query]) -> list["SearchResponse | Exception"]:
+        """Answer every query; a failed query gets its exception in its slot. A query searches
+        the version it was pinned to (Query.loaded), else the one its gallery serves now."""
+        results: list[SearchResponse | Exception | None] = [None] * len(queries)
         encoded = self._encode_all(queries, results)
-        by_gallery: dict[str, list[int]] = defaultdict(list)
-        for position in encoded:
-            by_gallery[queries[position].gallery].append(position)
-        for gallery, positions in by_gallery.items():
+        same_version = _grouped(
+            list(encoded), lambda p: (queries[p].gallery, id(queries[p].loaded))
+        )
+        for positions in same_version.values():
             try:
-                with self.holder.acquire(gallery) as loaded:
+                with self._version_of(queries[positions[0]]) as loaded:
                     self._search_gallery(loaded, queries, encoded, positions, results)
             except IndexUnavailableError as error:
                 for position in positions:
                     results[position] = error
         return [r if r is not None else RuntimeError("query was not answered") for r in results]
+
+    def _version_of(self, query: Query) -> AbstractContextManager[LoadedIndex]:
+        if query.loaded is not None:
+            return nullcontext(query.loaded)
+        return self.holder.acquire(query.gallery)
 
     # ----- encode -----------------------------------------------------------------------
 
@@ -235,126 +341,88 @@ class Searcher:
         size: int,
         results: list,
     ) -> None:
-        """Queries of one shortlist index and size: one index call, then one pass per metric."""
+        """Queries of one shortlist index and size: one index call, then one models.scoring
+        call per metric and draw count."""
         start = time.perf_counter()
         mu_q, logvar_q = _stacked(plans)  # (Q, D) each
-        _, rows = loaded.index.shortlist(shortlist_metric, mu_q, logvar_q, size)  # (Q, S')
+        try:
+            rows = loaded.index.shortlist(shortlist_metric, mu_q, logvar_q, size)  # (Q, C)
+        except UnsupportedMetricError:
+            error = InvalidQueryError(
+                f"metric {plans[0].metric!r} is not available in the {plans[0].query.gallery} "
+                f"index {loaded.version} (its shortlist needs the {shortlist_metric!r} index); "
+                f"choose one of: {', '.join(loaded.index.manifest.metrics)}"
+            )
+            for plan in plans:
+                results[plan.position] = error
+            return
         shortlist_ms = _ms_since(start)
-        for same_metric in _grouped(list(enumerate(plans)), lambda item: item[1].metric).values():
-            members = [plan for _, plan in same_metric]
-            candidate_rows = rows[[i for i, _ in same_metric]]
-            outcomes = self._finish(loaded, members, candidate_rows, shortlist_ms)
-            for plan, outcome in zip(members, outcomes, strict=True):
+        same_scoring = _grouped(
+            list(enumerate(plans)),
+            lambda item: (
+                item[1].metric,
+                _draw_count(item[1].encoded),
+                item[1].encoded.identical_draws,
+            ),
+        )
+        for members in same_scoring.values():
+            group = [plan for _, plan in members]
+            outcomes = self._finish(loaded, group, rows[[i for i, _ in members]], shortlist_ms)
+            for plan, outcome in zip(group, outcomes, strict=True):
                 results[plan.position] = outcome
 
     def shortlist_metric(self, metric: str) -> str:
         """The index a metric is shortlisted from: its own, or for metrics without an index
         form the candidate metric's (then re-ranked exactly)."""
-        return metric if metric in INDEX_FAMILIES else self.candidate_metric
+        return metric if metric in INDEX_FAMILIES else self.settings.candidate_metric
 
     def available_metrics(self, loaded: LoadedIndex) -> list[str]:
         """The metrics a query may name against this loaded version."""
         return [m for m in METRICS if loaded.index.supports(self.shortlist_metric(m))]
 
     def _plan(self, loaded: LoadedIndex, position: int, query: Query, enc: Encoded) -> _Plan:
-        index, manifest = loaded.index, loaded.index.manifest
-        if enc.mu.shape[-1] != manifest.dim:
+        """How the loaded version serves a query: the checks that need the version."""
+        dim = loaded.index.manifest.dim
+        if enc.mu.shape[-1] != dim:
             raise InvalidQueryError(
                 f"the query embedding has {enc.mu.shape[-1]} dimensions but the {query.gallery} "
-                f"index {loaded.version} holds {manifest.dim}-dimensional embeddings"
+                f"index {loaded.version} holds {dim}-dimensional embeddings"
             )
-        metric = query.params.metric or self.default_metric(query.gallery)
-        k = query.params.k
-        size = query.params.shortlist or min(default_shortlist(k), self.max_shortlist)
+        metric, size = query.params.metric, query.params.shortlist
         if metric == MAX_PAIR:
-            check_max_pair(index, query.gallery, enc.embeddings)
-            return _Plan(position, query, enc, metric, MAX_PAIR, max(size, k))
-        shortlist_metric = self.shortlist_metric(metric)
-        if not index.supports(shortlist_metric):
-            raise InvalidQueryError(
-                f"metric {metric!r} is not available in the {query.gallery} index "
-                f"{loaded.version} (its shortlist needs the {shortlist_metric!r} index); "
-                f"choose one of: {', '.join(manifest.metrics)}"
-            )
-        return _Plan(position, query, enc, metric, shortlist_metric, max(size, k))
+            check_max_pair(loaded.index, query.gallery, enc.embeddings)
+            return _Plan(position, query, enc, metric, MAX_PAIR, size)
+        return _Plan(position, query, enc, metric, self.shortlist_metric(metric), size)
 
     def _finish(
         self, loaded: LoadedIndex, plans: list[_Plan], rows: np.ndarray, shortlist_ms: float
-    ) -> list[Outcome]:
-        """Re-rank, score and answer queries of one metric and shortlist size, all at once."""
-        start = time.perf_counter()
-        # The exact re-rank keeps `size` candidates: for min_kl the index returns the union
-        # of two shortlists, which holds the exact top-`size`.
-        index, (mu_q, logvar_q) = loaded.index, _stacked(plans)
-        ranked = rerank_batch(
-            plans[0].metric, mu_q, logvar_q, index.mu, index.logvar, rows, plans[0].size,
-            self.device,
-        )  # fmt: skip
-        rerank_ms = _ms_since(start)
-        start = time.perf_counter()
+    ) -> list[SearchResponse]:
+        """Re-rank, score and answer queries of one metric, shortlist size and draw count, with
+        the one models.scoring call calibration makes too."""
         settings = [_score_settings(loaded, plan) for plan in plans]
-        scored = self._score_groups(plans, ranked, settings)
-        timings = {"shortlist": shortlist_ms, "rerank": rerank_ms, "uncertainty": _ms_since(start)}
+        temperatures = sorted({s.temperature for s in settings})
+        captions = plans[0].query.gallery == "image"  # an image gallery is searched by text
+        index = loaded.index
+        scored = score_shortlists(
+            plans[0].metric, _queries(plans), (index.mu, index.logvar), rows, plans[0].size,
+            temperatures, captions, self.device,
+        )  # fmt: skip
+        found = [scored.query(q, s.temperature) for q, s in enumerate(settings)]
+        ranked = scored.ranked
+        timings = {"shortlist": shortlist_ms, **scored.timings_ms}
         hits = hit_lists(
-            index, ranked, [s.posterior[j] for s, j in scored], [p.query.params.k for p in plans]
+            index, ranked, [s.posterior[j] for s, j in found], [p.query.params.k for p in plans]
         )
         return [
-            _outcome(loaded, plan, setting, scores, j, int(count), hit_list, timings)
+            _outcome(
+                loaded, plan, setting, scores, j, int(count), hit_list, timings, self.model_name
+            )
             for plan, setting, (scores, j), count, hit_list in zip(
-                plans, settings, scored, ranked.counts, hits, strict=True
+                plans, settings, found, ranked.counts, hits, strict=True
             )
         ]
 
-    def _score_groups(
-        self, plans: list[_Plan], ranked: RankedBatch, settings: list[ScoreSettings]
-    ) -> list[tuple[QueryScores, int]]:
-        """Each query's scores and its position in them: queries with as many results, the same
-        temperature and draw count are scored by one models.scoring call."""
-        scored: list[tuple[QueryScores, int]] = [None] * len(plans)  # type: ignore[list-item]
-        groups = _grouped(
-            list(range(len(plans))),
-            lambda i: (ranked.counts[i], settings[i].temperature, _draw_count(plans[i].encoded)),
-        )
-        for members in groups.values():
-            m = int(ranked.counts[members[0]])
-            whole = len(members) == len(plans) and m == ranked.mu.shape[1]
-            index = slice(None) if whole else torch.as_tensor(members, device=ranked.mu.device)
-            candidates = (ranked.mu[index, :m], ranked.logvar[index, :m])  # (Q', m, D) each
-            encoded = [plans[i].encoded for i in members]
-            captions = plans[0].query.gallery == "image"  # an image gallery is searched by text
-            setting = settings[members[0]]
-            scores = self._scores(plans[0].metric, encoded, candidates, setting, captions)
-            for j, i in enumerate(members):
-                scored[i] = (scores, j)
-        return scored
-
-    def _scores(
-        self,
-        metric: str,
-        encoded: list[Encoded],
-        candidates: tuple[torch.Tensor, torch.Tensor],
-        setting: ScoreSettings,
-        caption_query: bool,
-    ) -> QueryScores:
-        """models.scoring's scores of queries (with as many draws) over their shortlists."""
-
-        def tensor(arrays: list[np.ndarray], axis: int = 0) -> torch.Tensor:
-            stacked = np.stack(arrays, axis=axis).astype(np.float32, copy=False)
-            return torch.from_numpy(stacked).to(self.device)
-
-        query = (tensor([e.mu for e in encoded]), tensor([e.logvar for e in encoded]))  # (Q, D)
-        draws = None
-        if _draw_count(encoded[0]) > 0:
-            draws = (
-                tensor([e.mc_mu for e in encoded], axis=1),  # type: ignore[misc]  # (L, Q, D)
-                tensor([e.mc_logvar for e in encoded], axis=1),  # type: ignore[misc]
-            )
-        identical = all(e.identical_draws for e in encoded)
-        return shortlist_scores(
-            metric, query, draws, candidates, setting.temperature, identical, caption_query
-        )
-
-    def _finish_max_pair(self, loaded: LoadedIndex, plan: _Plan) -> Outcome:
+    def _finish_max_pair(self, loaded: LoadedIndex, plan: _Plan) -> SearchResponse:
         """A pvse query: best-pair ranking and its scores, on its own."""
         start = time.perf_counter()
         assert plan.encoded.embeddings is not None
@@ -368,7 +436,9 @@ class Searcher:
         timings = {"shortlist": 0.0, "rerank": rerank_ms, "uncertainty": _ms_since(start)}
         batch = RankedBatch.of(ranked)
         (hits,) = hit_lists(loaded.index, batch, [scores.posterior[0]], [plan.query.params.k])
-        return _outcome(loaded, plan, setting, scores, 0, len(ranked.rows), hits, timings)
+        return _outcome(
+            loaded, plan, setting, scores, 0, len(ranked.rows), hits, timings, self.model_name
+        )
 
 
 def _outcome(
@@ -378,24 +448,23 @@ def _outcome(
     scores: QueryScores,
     j: int,
     shortlist_size: int,
-    hits: list[Hit],
+    hits: list[SearchHit],
     timings: dict[str, float],
-) -> Outcome:
+    model: str,
+) -> SearchResponse:
     """The answer of the query at position j of `scores`."""
-    uncertainty = Uncertainty.at(scores, j)
-    return Outcome(
-        kind=plan.query.kind,
+    params, enc = plan.query.params, plan.encoded
+    embedding = (enc.mu, enc.logvar) if params.return_embedding else None
+    query = query_info(
+        plan.query.kind, scores, j, setting, params.mc_samples, shortlist_size, embedding
+    )
+    return SearchResponse(
+        query=query,
+        results=hits,
         metric=plan.metric,
         index_version=loaded.version,
-        temperature=setting.temperature,
-        reject_score=setting.reject_score(uncertainty),
-        mc_samples=plan.query.params.mc_samples,
-        shortlist_size=shortlist_size,
-        uncertainty=uncertainty,
-        hits=hits,
-        mu=plan.encoded.mu,
-        logvar=plan.encoded.logvar,
-        timings_ms={"encode": plan.encoded.encode_ms, **timings},
+        model=model,
+        timings_ms=Timings(encode=enc.encode_ms, **timings),
     )
 
 
@@ -418,6 +487,28 @@ def _stacked(plans: Sequence[_Plan]) -> tuple[np.ndarray, np.ndarray]:
     mu = np.stack([p.encoded.mu for p in plans]).astype(np.float32, copy=False)
     logvar = np.stack([p.encoded.logvar for p in plans]).astype(np.float32, copy=False)
     return mu, logvar
+
+
+def _queries(plans: Sequence[_Plan]) -> Embeddings:
+    """The plans' queries and their MC draws (as many for each), stacked for models.scoring."""
+    mu, logvar = _stacked(plans)
+    encoded = [p.encoded for p in plans]
+    mc_mu = mc_logvar = None
+    if _draw_count(encoded[0]) > 0:
+        mc_mu = np.stack([e.mc_mu for e in encoded], axis=1).astype(np.float32, copy=False)
+        mc_logvar = np.stack([e.mc_logvar for e in encoded], axis=1).astype(np.float32, copy=False)
+    identical = all(e.identical_draws for e in encoded)
+    return Embeddings(mu, logvar, mc_mu, mc_logvar, identical_draws=identical)
+
+
+def _version_key(query: Query) -> tuple[str, int]:
+    """Queries searched against one version: their gallery's, pinned or current."""
+    return query.gallery, id(query.loaded)
+
+
+def _scoring_key(plan: _Plan) -> tuple[str, int, bool]:
+    """Queries scored by one models.scoring call share their metric and draws (count and kind)."""
+    return plan.metric, _draw_count(plan.encoded), plan.encoded.identical_draws
 
 
 def _draw_count(enc: Encoded) -> int:

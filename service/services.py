@@ -9,7 +9,7 @@ from service.cache import ResultCache
 from service.image_decode import ImageDecoder
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
-from service.outcome import Outcome
+from service.outcome import SearchResponse
 from service.redis_health import RedisHealth
 from service.searcher import Query, Searcher
 
@@ -23,10 +23,12 @@ class Services:
     holder: IndexHolder
     encoders: dict[str, OnnxEncoder]
     searcher: Searcher
-    batcher: MicroBatcher[Query, Outcome]
+    batcher: MicroBatcher[Query, SearchResponse]
     cache: ResultCache
     model_name: str
     decoder: ImageDecoder
-    image_batcher: MicroBatcher[Query, Outcome]  # image queries; text and embeddings: batcher
+    image_batcher: MicroBatcher[
+        Query, SearchResponse
+    ]  # image queries; text and embeddings: batcher
     redis_health: RedisHealth | None = None
     searches_in_flight: int = 0  # between cache lookup and result (service.http.search_flow)

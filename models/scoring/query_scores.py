@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
 from models.distance.gaussian import elementwise_distance
-from models.scoring.rerank import draw_distances
+from models.scoring.rerank import RankedBatch, draw_distances, rerank_batch
 from models.scoring.uncertainty import (
     entropy,
     feature_uncertainty,
@@ -49,6 +52,7 @@ SCORE_NAMES: tuple[str, ...] = (
     "top_mahalanobis",
 )
 TEMPERATURE_SCORES: tuple[str, ...] = ("mutual_information", "posterior_entropy")
+SCORE_BLOCK = 64  # queries scored together (memory: SCORE_BLOCK x draws x shortlist x D)
 DRAW_SCORES: tuple[str, ...] = ("feature_uncertainty", "mutual_information")
 
 
@@ -80,6 +84,116 @@ class QueryScores:
         return {n: v for n in SCORE_NAMES if (v := self.get(n)) is not None}
 
 
+class GaussianQueries(Protocol):
+    """Q encoded queries (models.onnx.encoder_runtime.Embeddings is one): mu, logvar (Q, D) and
+    the MC draws mc_mu, mc_logvar (L, Q, D) or None; identical_draws: every draw is the
+    deterministic embedding (an encoder without dropout)."""
+
+    mu: np.ndarray
+    logvar: np.ndarray
+    mc_mu: np.ndarray | None
+    mc_logvar: np.ndarray | None
+    identical_draws: bool
+
+
+@dataclass
+class ScoredShortlists:
+    """Q queries' shortlists after the exact re-rank, and their scores at each temperature.
+
+    Queries with as many results are scored together: `groups[i]` holds the query positions
+    of group i, and `scores[T][i]` their QueryScores in that order. `timings_ms` holds the ms
+    of the two steps, "rerank" and "uncertainty".
+    """
+
+    ranked: RankedBatch
+    groups: list[np.ndarray]
+    scores: dict[float, list[QueryScores]]
+    timings_ms: dict[str, float]
+
+    def query(self, q: int, temperature: float) -> tuple[QueryScores, int]:
+        """The QueryScores holding query q at `temperature`, and q's position in them."""
+        for i, members in enumerate(self.groups):
+            (found,) = np.nonzero(members == q)
+            if len(found):
+                return self.scores[temperature][i], int(found[0])
+        raise IndexError(f"query {q} is not in this batch")
+
+    def values(self, temperature: float) -> dict[str, np.ndarray]:
+        """name -> (Q,) values of every score computed for all the queries, at `temperature`."""
+        num_queries = len(self.ranked.counts)
+        out: dict[str, np.ndarray] = {}
+        for members, scores in zip(self.groups, self.scores[temperature], strict=True):
+            for name, value in scores.available().items():
+                out.setdefault(name, np.full(num_queries, np.nan))[members] = value
+        return out
+
+
+def score_shortlists(
+    metric: str,
+    queries: GaussianQueries,
+    gallery: tuple[np.ndarray, np.ndarray],
+    candidate_rows: np.ndarray,
+    keep: int,
+    temperatures: Sequence[float],
+    caption_query: bool | None,
+    device: torch.device,
+) -> ScoredShortlists:
+    """The last stage of every search, shared by the service and calibration: re-rank each
+    query's candidate rows exactly (rerank_batch, keeping `keep`), then score each query over
+    its re-ranked shortlist at every temperature (distances computed once).
+
+    gallery: the whole gallery's (mu, logvar) (N, D); candidate_rows: (Q, C) rows proposed by
+    the index (-1 padding and repeats are dropped). Every step computes a query's numbers as
+    it would alone, so its scores do not depend on the rest of the batch.
+    """
+    start = time.perf_counter()
+    ranked = rerank_batch(
+        metric, queries.mu, queries.logvar, *gallery, candidate_rows, keep, device
+    )
+    rerank_ms, start = 1000 * (time.perf_counter() - start), time.perf_counter()
+    groups, scores = [], {float(t): [] for t in temperatures}
+    for count in np.unique(ranked.counts):
+        same = np.flatnonzero(ranked.counts == count)
+        for first in range(0, len(same), SCORE_BLOCK):
+            members = same[first : first + SCORE_BLOCK]
+            block = _block_scores(
+                metric, queries, members, ranked, int(count), temperatures, caption_query
+            )
+            groups.append(members)
+            for temperature, scored in zip(scores, block, strict=True):
+                scores[temperature].append(scored)
+    timings = {"rerank": rerank_ms, "uncertainty": 1000 * (time.perf_counter() - start)}
+    return ScoredShortlists(ranked, groups, scores, timings)
+
+
+def _block_scores(
+    metric: str,
+    queries: GaussianQueries,
+    members: np.ndarray,
+    ranked: RankedBatch,
+    count: int,
+    temperatures: Sequence[float],
+    caption_query: bool | None,
+) -> list[QueryScores]:
+    """shortlist_scores of the queries at `members`, which all have `count` results."""
+    device = ranked.mu.device
+    whole = len(members) == len(ranked.counts) and count == ranked.mu.shape[1]
+    index = slice(None) if whole else torch.as_tensor(members, device=device)
+    candidates = (ranked.mu[index, :count], ranked.logvar[index, :count])  # (Q', M, D) each
+
+    def tensor(array: np.ndarray, axis: int) -> torch.Tensor:
+        picked = np.take(array, members, axis=axis).astype(np.float32, copy=False)
+        return torch.from_numpy(np.ascontiguousarray(picked)).to(device)
+
+    query = (tensor(queries.mu, 0), tensor(queries.logvar, 0))  # (Q', D) each
+    draws = None
+    if queries.mc_mu is not None and queries.mc_logvar is not None:
+        draws = (tensor(queries.mc_mu, 1), tensor(queries.mc_logvar, 1))  # (L, Q', D) each
+    return block_scores(
+        metric, query, draws, candidates, temperatures, queries.identical_draws, caption_query
+    )
+
+
 def shortlist_scores(
     metric: str,
     query: tuple[torch.Tensor, torch.Tensor],
@@ -89,7 +203,7 @@ def shortlist_scores(
     identical_draws: bool = False,
     caption_query: bool | None = None,
 ) -> QueryScores:
-    """query_scores of Q queries from their embeddings and shortlists.
+    """query_scores of Q queries from their embeddings and shortlists, at one temperature.
 
     query: (mu, logvar) (Q, D); draws: (mc_mu, mc_logvar) (L, Q, D) or None; candidates:
     (mu, logvar) (Q, M, D) of each query's shortlist, in its order. identical_draws: every
@@ -97,13 +211,29 @@ def shortlist_scores(
     (agreeing_draws). caption_query: the queries are captions (True) or images (False);
     None leaves top_mahalanobis out.
     """
+    (scores,) = block_scores(
+        metric, query, draws, candidates, [temperature], identical_draws, caption_query
+    )
+    return scores
+
+
+def block_scores(
+    metric: str,
+    query: tuple[torch.Tensor, torch.Tensor],
+    draws: tuple[torch.Tensor, torch.Tensor] | None,
+    candidates: tuple[torch.Tensor, torch.Tensor],
+    temperatures: Sequence[float],
+    identical_draws: bool = False,
+    caption_query: bool | None = None,
+) -> list[QueryScores]:
+    """shortlist_scores at each of `temperatures`, from one computation of the distances."""
     if draws is not None and draws[0].shape[0] > 0 and identical_draws:
-        alone = shortlist_scores(metric, query, None, candidates, temperature, False, caption_query)
-        return agreeing_draws(alone)
+        alone = block_scores(metric, query, None, candidates, temperatures, False, caption_query)
+        return [agreeing_draws(scores) for scores in alone]
     distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
     mc_mu = None if mc_distances is None or draws is None else draws[0]
     fit = None if caption_query is None else CaptionFit(query[0], candidates, caption_query)
-    return query_scores(query[1], distances, temperature, mc_mu, mc_distances, fit)
+    return [query_scores(query[1], distances, t, mc_mu, mc_distances, fit) for t in temperatures]
 
 
 def agreeing_draws(scores: QueryScores) -> QueryScores:

@@ -1,24 +1,18 @@
-"""The image and options of a POST /search/image request (multipart or JSON base64), and the
-decode of the image in the decoder's pool."""
+"""The image and options of a POST /search/image request (multipart or JSON base64)."""
 
 import base64
 import binascii
 import json
-import time
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 from service.errors import InvalidQueryError, PayloadTooLargeError, UnsupportedMediaTypeError
 from service.http.middleware import BodyReadTimeoutError
 from service.http.schemas import ImageSearchRequest, SearchOptions
-from service.searcher import GALLERY_OF_KIND, Query, SearchParams
-from service.services import Services
 
 
 async def read_image_request(request: Request, max_bytes: int) -> tuple[bytes, SearchOptions]:
@@ -79,35 +73,6 @@ async def _read_json_image(request: Request, max_bytes: int) -> tuple[bytes, Sea
         ) from None
     options = SearchOptions.model_validate(parsed.model_dump(exclude={"image_base64"}))
     return data, options
-
-
-async def image_query(data: bytes, params: SearchParams, seed: int, services: Services) -> Query:
-    """The query of an uploaded image, decoded in the decoder's pool; its decode time is
-    observed and counted in the query's encode timing."""
-    start = time.perf_counter()
-    image = await decode_image(data, services)
-    decode_ms = 1000 * (time.perf_counter() - start)
-    services.metrics.observe_stage("decode", decode_ms)
-    gallery = GALLERY_OF_KIND["image"]
-    return Query("image", gallery, params, seed, image=image, decode_ms=decode_ms)
-
-
-async def decode_image(data: bytes, services: Services) -> Image.Image:
-    """Decode in the decoder's pool; a file of no image format at all is a 415, not a 422."""
-    max_pixels = services.decoder.max_pixels
-    try:
-        return await services.decoder.decode(data)
-    except ImageTooLargeError as error:
-        raise ImageTooLargeError(
-            f"{error}; this service accepts images of at most {max_pixels} pixels: downscale it"
-        ) from None
-    except InvalidImageError as error:
-        if isinstance(error.__cause__, UnidentifiedImageError):
-            raise UnsupportedMediaTypeError(
-                "the uploaded file is not in an image format this service reads; send a PNG, "
-                "JPEG, GIF, BMP or WebP file"
-            ) from None
-        raise
 
 
 def _form_value(value: Any) -> Any:

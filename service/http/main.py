@@ -167,8 +167,8 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         holder,
         encoders,
         default_metrics={g: config.default_metric(g) for g in GALLERY_OF_KIND.values()},
-        candidate_metric=settings.candidate_metric,
-        max_shortlist=settings.max_shortlist,
+        settings=settings,
+        model_name=config.name,
         device=compute_device(settings.device),
     )
     # Image queries have a batcher (and worker thread) of their own: encoding a batch of

@@ -1,13 +1,5 @@
-"""Request and response models of the HTTP API (DESIGN section 5).
-
-Distances and scores, once for the whole API:
-- `distance` is the exact distance of the requested metric between the query's Gaussian and
-  the result's Gaussian (models.distance.gaussian; smaller is closer; results are sorted by it).
-- `score` is the retrieval posterior of the result: softmax(-distance / T) over the whole
-  shortlist, with T the temperature in force (`query.temperature`). It lies in [0, 1], larger
-  is better, and the scores of all shortlist candidates sum to 1, so the scores of the
-  returned top-k sum to at most 1.
-"""
+"""Request models of the HTTP API, and the responses of its other endpoints (a search's answer
+is declared in service.outcome)."""
 
 from typing import Annotated, Any, Literal
 
@@ -89,6 +81,10 @@ class SearchOptions(BaseModel):
     )
     return_embedding: bool = Field(False, description="Return the query's mu and logvar.")
 
+    def options(self) -> dict[str, Any]:
+        """The search options alone (not the query), by name: Searcher.params' arguments."""
+        return {name: getattr(self, name) for name in SearchOptions.model_fields}
+
 
 class TextSearchRequest(SearchOptions):
     """POST /search/text: a caption that searches the image gallery."""
@@ -112,85 +108,6 @@ class EmbeddingSearchRequest(SearchOptions):
         min_length=1, description=f"ln sigma^2, length D; |values| <= {LOGVAR_LIMIT:g}."
     )
     gallery: Gallery = Field(description="Which gallery to search.")
-
-
-class RejectScoreInfo(BaseModel):
-    """The uncertainty score the service rejects with, chosen per metric by calibration; log_det
-    with the gate's limit when an image query's log-det is above it (an unfamiliar image)."""
-
-    name: str = Field(description="One of log_det, entropy, feature_uncertainty, "
-                      "mutual_information, posterior_entropy, top_mahalanobis.")  # fmt: skip
-    value: float | None = Field(description="The query's value; null if not computed "
-                                "(a draw-based score with mc_samples 0).")  # fmt: skip
-    threshold: float | None = Field(description="Rejected when value > threshold; null: never.")
-
-
-class QueryInfo(BaseModel):
-    """What the service knows about the query itself."""
-
-    modality: Literal["text", "image", "embedding"]
-    log_det: float = Field(description="sum of ln sigma^2 of the query (larger: vaguer).")
-    entropy: float = Field(description="Differential entropy of the query Gaussian (nats).")
-    mutual_information: float | None = Field(
-        description="Posterior uncertainty over the shortlist in nats, in [0, ln(shortlist)]; "
-        "null when mc_samples is 0."
-    )
-    feature_uncertainty: float | None = Field(
-        description="Sum over dims of the variance of mu across MC draws; null if mc_samples=0."
-    )
-    posterior_entropy: float = Field(
-        description="Entropy (nats) of the mean retrieval posterior over the shortlist: high "
-        "when many candidates are about equally good (an ambiguous query)."
-    )
-    top_mahalanobis: float | None = Field(
-        default=None,
-        description="Squared Mahalanobis distance between the image and caption means of the "
-        "query and its first result, under the caption's Gaussian (whose variance is the "
-        "spread of the images it describes): large when the first result lies outside what "
-        "the caption allows. Null for models without variances (pvse).",
-    )
-    reject_score: RejectScoreInfo
-    rejected: bool = Field(description="reject_score.value > reject_score.threshold.")
-    reject_threshold: float | None = Field(
-        description="Same as reject_score.threshold; null: never rejects."
-    )
-    temperature: float
-    mc_samples: int
-    shortlist_size: int = Field(description="Candidates actually re-ranked.")
-    mu: list[float] | None = None
-    logvar: list[float] | None = None
-
-
-class SearchHit(BaseModel):
-    """One result; see the module docstring for `distance` and `score`."""
-
-    id: str
-    rank: int = Field(ge=1)
-    score: float
-    distance: float
-    log_det: float = Field(description="sum of ln sigma^2 of the result.")
-    metadata: dict[str, Any]
-
-
-class Timings(BaseModel):
-    """Milliseconds per stage; batch stages are shared by the requests batched together."""
-
-    encode: float
-    shortlist: float
-    rerank: float
-    uncertainty: float
-    total: float
-
-
-class SearchResponse(BaseModel):
-    """The answer of every search endpoint."""
-
-    query: QueryInfo
-    results: list[SearchHit]
-    metric: str
-    index_version: str
-    model: str
-    timings_ms: Timings
 
 
 class ErrorResponse(BaseModel):

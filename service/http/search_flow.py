@@ -1,24 +1,23 @@
-"""A search below the HTTP edge: limits and defaults of the options, the query's seed, the
-result cache and the micro-batchers (the body: service.http.response_body). Route handlers parse
-and answer."""
+"""A search below the HTTP edge: the query's seed, the result cache, the image decode on a miss,
+the micro-batchers and the response body. Route handlers parse and call `answer`."""
 
 import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from models.settings import Settings
-from service.batching import MicroBatcher
+from PIL import Image, UnidentifiedImageError
+
+from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 from service.cache import cache_key
-from service.errors import IndexUnavailableError, InvalidQueryError
-from service.http.response_body import response_body
-from service.http.schemas import SearchOptions
-from service.outcome import Outcome
-from service.searcher import GALLERY_OF_KIND, Query, SearchParams, default_shortlist
+from service.errors import UnsupportedMediaTypeError
+from service.index_holder import LoadedIndex
+from service.outcome import SearchResponse, response_json
+from service.searcher import GALLERY_OF_KIND, Query, QueryInput
 from service.services import Services
 
 
@@ -30,100 +29,37 @@ class Answer:
     cache_hit: bool
 
 
-def check_text(text: str, settings: Settings) -> None:
-    """A caption query must have a word and fit max_text_chars."""
-    if not text.strip():
-        raise InvalidQueryError("text is empty: send a caption with at least one word")
-    if len(text) > settings.max_text_chars:
-        raise InvalidQueryError(
-            f"text has {len(text)} characters; the limit is {settings.max_text_chars} "
-            "(max_text_chars)"
-        )
-
-
-def search_params(options: SearchOptions, services: Services, gallery: str) -> SearchParams:
-    """Check the options against the configured limits and fill in the defaults (the metric:
-    the one `gallery` is ranked with by default)."""
-    settings = services.settings
-    if options.k > settings.max_k:
-        raise InvalidQueryError(f"k={options.k} is above the limit {settings.max_k}; ask for fewer")
-    if options.shortlist is not None:
-        if options.shortlist > settings.max_shortlist:
-            raise InvalidQueryError(
-                f"shortlist={options.shortlist} is above the limit {settings.max_shortlist}"
-            )
-        if options.shortlist < options.k:
-            raise InvalidQueryError(
-                f"shortlist={options.shortlist} is smaller than k={options.k}; it must be >= k"
-            )
-    mc_samples = settings.mc_samples if options.mc_samples is None else options.mc_samples
-    if mc_samples > settings.max_mc_samples:
-        raise InvalidQueryError(
-            f"mc_samples={mc_samples} is above the limit {settings.max_mc_samples}"
-        )
-    return SearchParams(
-        k=options.k,
-        metric=options.metric or services.searcher.default_metric(gallery),
-        shortlist=options.shortlist or min(default_shortlist(options.k), settings.max_shortlist),
-        mc_samples=mc_samples,
-        temperature=options.temperature,
-        reject_threshold=options.reject_threshold,
-        return_embedding=options.return_embedding,
-    )
-
-
 def _digest(value: Any) -> str:
     return hashlib.sha256(
         json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
 
 
-async def answer(
-    services: Services,
-    kind: str,
-    gallery: str,
-    params: SearchParams,
-    payload: dict[str, Any],
-    make_query: Callable[[int], Awaitable[Query]],
-    start: float,
-) -> Answer:
-    """Cache lookup, micro-batched search, response body, cache store (written behind).
-
-    `make_query` builds the query from its seed on a cache miss only, so that a hit skips
-    the work it may hold (decoding an image)."""
-    with _in_flight(services):
-        version = services.holder.versions().get(gallery)
-        if version is None:
-            raise IndexUnavailableError(services.holder.unavailable_message(gallery))
+async def answer(services: Services, ask: QueryInput, start: float) -> Answer:
+    """Cache lookup, micro-batched search, response body, cache store (written behind)."""
+    with _in_flight(services), services.holder.acquire(ask.gallery) as loaded:
         # The MC draws depend on the query itself only (so k, the metric or a threshold
         # override never change them); the cache key covers the whole canonical request.
-        query_part = {"kind": kind, "model": services.model_name, "mc": params.mc_samples}
-        query_part.update(payload)
+        query_part = {"kind": ask.kind, "model": services.model_name, "mc": ask.params.mc_samples}
+        query_part.update(ask.identity())
         seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
-        request_hash = _digest({**query_part, "gallery": gallery, "params": vars(params)})
-        batcher = services.image_batcher if kind == "image" else services.batcher
-        found = await _cached_or_searched(
-            services, batcher, cache_key(version, request_hash), make_query, seed
-        )
+        request_hash = _digest({**query_part, "gallery": ask.gallery, "params": vars(ask.params)})
+        key = cache_key(loaded.version, request_hash)
+        found = await _cached_or_searched(services, ask, loaded, key, seed)
     if isinstance(found, bytes):
         return Answer(found, cache_hit=True)
-    outcome = found
-    outcome.timings_ms["total"] = 1000 * (time.perf_counter() - start)
-    body = response_body(outcome, services.model_name, params.return_embedding)
-    _observe(services, outcome)
-    services.cache.store(cache_key(outcome.index_version, request_hash), body)
+    found.timings_ms.total = 1000 * (time.perf_counter() - start)
+    body = response_json(found)
+    _observe(services, found)
+    services.cache.store(cache_key(found.index_version, request_hash), body)
     return Answer(body, cache_hit=False)
 
 
 async def _cached_or_searched(
-    services: Services,
-    batcher: MicroBatcher[Query, Outcome],
-    key: str,
-    make_query: Callable[[int], Awaitable[Query]],
-    seed: int,
-) -> bytes | Outcome:
+    services: Services, ask: QueryInput, loaded: LoadedIndex, key: str, seed: int
+) -> bytes | SearchResponse:
     """The body cached under `key` when the lookup pays (_lookup_pays) and finds one, else
-    the outcome of the query made with `seed`."""
+    the answer of the query made with `seed` from the version `loaded`."""
     alone: bool | None = None  # not known yet
     if await _lookup_pays(services, key):
         cached = await services.cache.get(key)
@@ -132,10 +68,41 @@ async def _cached_or_searched(
     else:
         services.metrics.cache_skips.inc()
         alone = True
-    query = await make_query(seed)
+    query = await _query(services, ask, loaded, seed)
     if alone is None or query.decode_ms > 0:  # others may have arrived meanwhile
         alone = await _alone(services)
+    batcher = services.image_batcher if ask.kind == "image" else services.batcher
     return await batcher.submit(query, alone=alone)
+
+
+async def _query(services: Services, ask: QueryInput, loaded: LoadedIndex, seed: int) -> Query:
+    """The query of `ask`; an image is decoded in the decoder's pool first, and its decode time
+    observed and counted in the query's encode timing."""
+    if ask.image_bytes is None:
+        return ask.query(seed, loaded)
+    start = time.perf_counter()
+    image = await _decode(services, ask.image_bytes)
+    decode_ms = 1000 * (time.perf_counter() - start)
+    services.metrics.observe_stage("decode", decode_ms)
+    return ask.query(seed, loaded, image, decode_ms)
+
+
+async def _decode(services: Services, data: bytes) -> Image.Image:
+    """Decode in the decoder's pool; a file of no image format at all is a 415, not a 422."""
+    try:
+        return await services.decoder.decode(data)
+    except ImageTooLargeError as error:
+        raise ImageTooLargeError(
+            f"{error}; this service accepts images of at most {services.decoder.max_pixels} "
+            "pixels: downscale it"
+        ) from None
+    except InvalidImageError as error:
+        if isinstance(error.__cause__, UnidentifiedImageError):
+            raise UnsupportedMediaTypeError(
+                "the uploaded file is not in an image format this service reads; send a PNG, "
+                "JPEG, GIF, BMP or WebP file"
+            ) from None
+        raise
 
 
 async def _lookup_pays(services: Services, key: str) -> bool:
@@ -174,8 +141,9 @@ async def _alone(services: Services) -> bool:
     return services.searches_in_flight == 1
 
 
-def _observe(services: Services, outcome: Outcome) -> None:
-    for stage, ms in outcome.timings_ms.items():
+def _observe(services: Services, response: SearchResponse) -> None:
+    for stage, ms in vars(response.timings_ms).items():
         services.metrics.observe_stage(stage, ms)
-    if outcome.reject_score.rejected:
-        services.metrics.rejections.labels(gallery=GALLERY_OF_KIND.get(outcome.kind, "")).inc()
+    if response.query.rejected:
+        gallery = GALLERY_OF_KIND.get(response.query.modality, "")
+        services.metrics.rejections.labels(gallery=gallery).inc()

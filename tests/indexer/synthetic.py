@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from indexer.manifest import Calibration, Manifest, checksum_dir, write_manifest
 from indexer.registry import ActiveRegistry
 from indexer.version_writer import served_metrics, write_arrays_and_metadata, write_version_indexes
+from models.scoring.rerank import rerank_batch
 
 LOGVAR_MIN, LOGVAR_MAX = np.log(0.1), np.log(10.0)
 
@@ -81,3 +83,13 @@ def publish_synthetic(
     path = registry.version_path(modality, version)
     write_synthetic_version(path, mu, logvar, ("w2",), "flat", modality)
     return path
+
+
+def exact_top(version, metric: str, mu_q: np.ndarray, logvar_q: np.ndarray, k: int):
+    """What a search returns from `version`: its shortlist of `k` per family, re-ranked exactly
+    (the service's re-rank) -> distances (Q, k) as numpy and rows (Q, k)."""
+    rows = version.shortlist(metric, mu_q, logvar_q, k)
+    ranked = rerank_batch(
+        metric, mu_q, logvar_q, version.mu, version.logvar, rows, k, torch.device("cpu")
+    )
+    return ranked.distances.numpy(), ranked.rows

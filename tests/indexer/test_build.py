@@ -18,9 +18,15 @@ from indexer.build import (
 )
 from indexer.publish import verify_version
 from indexer.store import IndexVersion, open_version
+from models.distance.augmented import candidate_families
 from models.distance.gaussian import pairwise_distance
 from models.scoring.rerank import exact_rerank
-from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
+from tests.indexer.synthetic import (
+    clustered_gaussians,
+    exact_top,
+    nearby_queries,
+    write_synthetic_version,
+)
 
 N, D, Q, K = 20_000, 32, 100, 10
 NATIVE_METRICS = ("w2", "csd", "kl", "kl_reverse", "js", "min_kl", "mahalanobis")
@@ -61,14 +67,19 @@ def recall(rows: np.ndarray, exact_distances: np.ndarray) -> float:
 
 @pytest.mark.parametrize("metric", NATIVE_METRICS)
 def test_flat_returns_the_brute_force_top10(flat, queries, exact, metric) -> None:
-    distances, rows = flat.shortlist(metric, *queries, K)
+    distances, rows = exact_top(flat, metric, *queries, K)
     want = exact[metric]
     truth = np.argsort(want, axis=1)[:, :K]  # (Q, K)
     for q in range(Q):
         assert set(rows[q]) == set(truth[q]), f"query {q}"
-    # the distances the index reports are the metric's own (flat: exact up to float32)
     np.testing.assert_allclose(distances, np.take_along_axis(want, rows, 1), rtol=1e-3, atol=2e-3)
-    assert np.all(np.diff(distances, axis=1) >= -1e-3)  # sorted, smallest first
+    for family in candidate_families(metric):
+        # the distances a flat index reports are its metric's own, exact up to float32
+        reported, found = flat.search_family(family, *queries, K)
+        np.testing.assert_allclose(
+            reported, np.take_along_axis(exact[family], found, 1), rtol=1e-3, atol=2e-3
+        )
+        assert np.all(np.diff(reported, axis=1) >= -1e-3)  # sorted, smallest first
 
 
 def test_flat_is_chosen_for_small_galleries() -> None:
@@ -97,7 +108,7 @@ def test_approximate_indexes_reach_recall_095(
     version = build(tmp_path_factory, gallery, ("w2", "min_kl"), index_type)
     assert version.manifest.index_type == index_type
     for metric in ("w2", "kl", "kl_reverse", "min_kl"):
-        _, rows = version.shortlist(metric, *queries, K)
+        rows = version.shortlist(metric, *queries, K)
         assert recall(rows, exact[metric]) >= 0.95, metric
     # search parameters live in the manifest and are passed per call, never set on the index
     params = version.manifest.search_params["kl"]
@@ -121,7 +132,7 @@ def test_ivfsq_reranked_shortlist_reaches_recall_095_for_every_metric(
     )
     cpu = torch.device("cpu")
     for metric in NATIVE_METRICS:
-        _, candidates = version.shortlist(metric, *queries, 100)
+        candidates = version.shortlist(metric, *queries, 100)
         rows = np.stack(
             [
                 exact_rerank(metric, mu_q, logvar_q, *gallery, c, K, cpu).rows
@@ -139,7 +150,7 @@ def test_ivfpq_shortlist_holds_the_exact_top10(tmp_path_factory) -> None:
     version = open_version(path)
     as64 = [torch.from_numpy(a).double() for a in (mu_q, logvar_q, mu, logvar)]
     for metric in ("w2", "kl"):
-        _, rows = version.shortlist(metric, mu_q, logvar_q, 100)
+        rows = version.shortlist(metric, mu_q, logvar_q, 100)
         assert recall(rows, pairwise_distance(metric, *as64).numpy()) >= 0.9, metric
 
 
@@ -154,14 +165,14 @@ def test_duplicate_embeddings_are_indexed_once_and_returned_together(tmp_path) -
     as64 = [torch.from_numpy(a).double() for a in (mu_q, logvar_q, mu, logvar)]
     for metric in ("w2", "kl", "min_kl"):
         exact = pairwise_distance(metric, *as64).numpy()
-        _, rows = version.shortlist(metric, mu_q, logvar_q, K)
+        _, rows = exact_top(version, metric, mu_q, logvar_q, K)
         assert np.all(rows >= 0) and all(len(set(r)) == K for r in rows)
         # tie-aware recall: duplicates make the exact top-10 set ambiguous, its distances not
         tenth = np.sort(exact, axis=1)[:, K - 1 : K]
         found = np.take_along_axis(exact, rows, axis=1)
         assert np.mean(found <= tenth + 1e-6 * np.abs(tenth)) >= 0.95, metric
     twins = np.flatnonzero(picks == picks[0])  # rows holding item 0's embedding
-    _, rows = version.shortlist("w2", mu[:1], logvar[:1], len(twins) + 2)
+    rows = version.shortlist("w2", mu[:1], logvar[:1], len(twins) + 2)
     assert sorted(rows[0, : len(twins)]) == twins.tolist()
 
 

@@ -18,7 +18,12 @@ from indexer.milvus_writer import write_version_dir
 from indexer.shortlist_backends import make_backend
 from indexer.store import open_version
 from models.distance.gaussian import pairwise_distance
-from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
+from tests.indexer.synthetic import (
+    clustered_gaussians,
+    exact_top,
+    nearby_queries,
+    write_synthetic_version,
+)
 
 N, D, Q, K = 3000, 16, 40, 10
 NATIVE_METRICS = ("w2", "csd", "kl", "kl_reverse", "js", "min_kl", "mahalanobis")
@@ -57,8 +62,8 @@ def versions(tmp_path_factory, gallery, milvus):
 @pytest.mark.parametrize("metric", NATIVE_METRICS)
 def test_milvus_flat_equals_faiss_flat_and_brute_force(versions, gallery, queries, metric) -> None:
     faiss_version, milvus_version = versions
-    faiss_distances, faiss_rows = faiss_version.shortlist(metric, *queries, K)
-    distances, rows = milvus_version.shortlist(metric, *queries, K)
+    faiss_distances, faiss_rows = exact_top(faiss_version, metric, *queries, K)
+    distances, rows = exact_top(milvus_version, metric, *queries, K)
     np.testing.assert_array_equal(rows, faiss_rows)
     # the per-query constants are added back: the distances are the metric's own
     np.testing.assert_allclose(distances, faiss_distances, rtol=1e-4, atol=1e-3)
@@ -95,7 +100,7 @@ def test_a_shortlist_longer_than_the_gallery_is_padded(tmp_path, milvus) -> None
     write_synthetic_version(tmp_path / "small", mu, logvar, ("kl",), "flat")
     write_version_dir(milvus, tmp_path / "small")
     version = open_version(tmp_path / "small", backend=milvus)
-    distances, rows = version.shortlist("kl", mu[:2], logvar[:2], 40)
+    distances, rows = version.search_family("kl", mu[:2], logvar[:2], 40)
     assert (rows[:, :30] >= 0).all() and (rows[:, 30:] == -1).all()
     assert np.isinf(distances[:, 30:]).all() and rows[0, 0] == 0
 

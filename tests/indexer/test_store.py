@@ -58,7 +58,7 @@ def test_supports_and_refuses_metrics_without_an_index(version_dir: Path) -> Non
     mu_q, logvar_q = nearby_queries(version.mu, version.logvar, 3)
     with pytest.raises(UnsupportedMetricError, match="--metrics min_kl"):
         version.shortlist("min_kl", mu_q, logvar_q, 5)
-    distances, rows = version.shortlist("w2", mu_q, logvar_q, 600)  # more than the gallery
+    distances, rows = version.search_family("w2", mu_q, logvar_q, 600)  # more than the gallery
     assert rows.shape == (3, 600) and np.all(rows[:, 500:] == -1)
     assert np.all(np.isinf(distances[:, 500:])) and np.all(np.isfinite(distances[:, :500]))
 
@@ -79,7 +79,7 @@ def test_float16_arrays_and_calibration_update(tmp_path: Path) -> None:
     write_synthetic_version(tmp_path / "v16", mu, logvar, ("w2",), "flat", dtype="float16")
     version = open_version(tmp_path / "v16", verify=True)
     assert version.mu.dtype == np.float16 and version.manifest.dtype == "float16"
-    _, rows = version.shortlist("w2", mu[:5], logvar[:5], 1)
+    rows = version.shortlist("w2", mu[:5], logvar[:5], 1)
     assert rows[:, 0].tolist() == [0, 1, 2, 3, 4]
     update_calibration(tmp_path / "v16", {"w2": Calibration(temperature=0.5, threshold=0.3)})
     manifest = read_manifest(tmp_path / "v16")

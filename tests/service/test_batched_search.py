@@ -1,6 +1,7 @@
 """A micro-batch of mixed queries gets exactly the answers its queries get one at a time: the
 Searcher shortlists, re-ranks and scores a batch together, and must not mix queries up."""
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -15,15 +16,18 @@ from indexer.store import IndexVersion
 from models.networks.model_config import ModelConfig
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.onnx.export import export_model_dir
+from models.scoring.query_scores import SCORE_NAMES
+from models.settings import Settings
 from service.errors import InvalidQueryError
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
-from service.searcher import Outcome, Query, Searcher, SearchParams
+from service.outcome import SearchResponse
+from service.searcher import Query, Searcher, SearchParams
 from tests.service.conftest import Artifacts
 
 BASE = SearchParams(
-    k=5, metric="w2", shortlist=None, mc_samples=0, temperature=None,
-    reject_threshold=None, return_embedding=False,
+    k=5, metric="w2", shortlist=100, mc_samples=0, temperature=None,
+    reject_threshold=None, return_embedding=True,
 )  # fmt: skip
 
 
@@ -37,8 +41,9 @@ def searcher(artifacts: Artifacts) -> Iterator[Searcher]:
     encoders = {k: OnnxEncoder(artifacts.model, k, device="cpu") for k in ("text", "image")}
     try:
         yield Searcher(
-            holder, encoders, default_metrics={"image": "w2", "text": "w2"}, candidate_metric="w2",
-            max_shortlist=200, device=torch.device("cpu"),
+            holder, encoders, default_metrics={"image": "w2", "text": "w2"},
+            settings=Settings(candidate_metric="w2", max_shortlist=200), model_name="test",
+            device=torch.device("cpu"),
         )  # fmt: skip
     finally:
         holder.stop()
@@ -104,20 +109,17 @@ def encoded_queries(artifacts: Artifacts) -> list[Query]:
     return text + image
 
 
-def answer(outcome: Outcome | Exception) -> dict:
-    """Everything a response carries but the timings."""
+def answer(outcome: SearchResponse | Exception) -> dict:
+    """Everything a response carries but the timings (the query's embedding included)."""
     assert not isinstance(outcome, Exception), outcome
-    fields = {k: v for k, v in vars(outcome).items() if k not in ("timings_ms", "hits")}
-    fields["uncertainty"] = vars(outcome.uncertainty)
-    fields["reject_score"] = vars(outcome.reject_score)
-    fields["hits"] = [vars(hit) for hit in outcome.hits]
-    fields["mu"], fields["logvar"] = outcome.mu.tolist(), outcome.logvar.tolist()
+    fields = dataclasses.asdict(outcome)
+    del fields["timings_ms"]
     return fields
 
 
 def scores_of(answer: dict) -> dict[str, float]:
     """The uncertainty scores that were computed (those of draws need draws)."""
-    return {k: v for k, v in answer["uncertainty"].items() if v is not None}
+    return {k: answer["query"][k] for k in SCORE_NAMES if answer["query"][k] is not None}
 
 
 def alone(searcher: Searcher, queries: list[Query]) -> list[dict]:
@@ -133,10 +135,10 @@ def test_a_batch_of_embedding_queries_is_answered_exactly_as_one_at_a_time(
     assert [answer(o) for o in searcher.search_batch(queries)] == expected
     assert [answer(o) for o in searcher.search_batch(queries[::-1])] == expected[::-1]
     # The queries differ where it matters: a mix-up could not go unnoticed.
-    assert len({tuple(h["id"] for h in a["hits"]) for a in expected}) >= 6
-    assert len({a["uncertainty"]["log_det"] for a in expected}) == len(expected)
+    assert len({tuple(h["id"] for h in a["results"]) for a in expected}) >= 6
+    assert len({a["query"]["log_det"] for a in expected}) == len(expected)
     assert {a["metric"] for a in expected} == {"w2", "kl", "min_kl", "elk", "match_prob"}
-    assert {len(a["hits"]) for a in expected} == {3, 4, 5, 7, 10}
+    assert {len(a["results"]) for a in expected} == {3, 4, 5, 7, 10}
 
 
 def test_encoded_queries_in_one_batch_get_their_own_answers(
@@ -149,14 +151,17 @@ def test_encoded_queries_in_one_batch_get_their_own_answers(
     expected = alone(searcher, mixed)
     batched = [answer(o) for o in searcher.search_batch(mixed)]
     for got, want in zip(batched, expected, strict=True):
-        assert [labels(h) for h in got["hits"]] == [labels(h) for h in want["hits"]]
-        numbers = [x for h in want["hits"] for x in numbers_of(h)]
-        assert [x for h in got["hits"] for x in numbers_of(h)] == pytest.approx(
+        assert [labels(h) for h in got["results"]] == [labels(h) for h in want["results"]]
+        numbers = [x for h in want["results"] for x in numbers_of(h)]
+        assert [x for h in got["results"] for x in numbers_of(h)] == pytest.approx(
             numbers, rel=1e-4, abs=1e-6
         )
         assert scores_of(got) == pytest.approx(scores_of(want), rel=1e-4, abs=1e-6)
-        assert got["metric"] == want["metric"] and got["kind"] == want["kind"]
-    assert len({a["uncertainty"]["log_det"] for a in expected}) == len(expected)
+        assert (
+            got["metric"] == want["metric"]
+            and got["query"]["modality"] == want["query"]["modality"]
+        )
+    assert len({a["query"]["log_det"] for a in expected}) == len(expected)
 
 
 def labels(hit: dict) -> tuple:
@@ -190,8 +195,9 @@ def no_dropout_searcher(artifacts: Artifacts, tmp_path_factory) -> Iterator[Sear
     try:
         yield Searcher(
             holder, {"text": OnnxEncoder(model, "text", device="cpu")},
-            default_metrics={"image": "w2", "text": "w2"}, candidate_metric="w2",
-            max_shortlist=200, device=torch.device("cpu"),
+            default_metrics={"image": "w2", "text": "w2"},
+            settings=Settings(candidate_metric="w2", max_shortlist=200), model_name="test",
+            device=torch.device("cpu"),
         )  # fmt: skip
     finally:
         holder.stop()
@@ -208,9 +214,9 @@ def test_draws_of_a_model_without_dropout_change_nothing(
     (mu, logvar), *_ = gallery_gaussians(artifacts, "image", [5])
     sampled = Query("embedding", "image", params(mc_samples=8), 2, mu=mu, logvar=logvar)
     got, plain, embedded = no_dropout_searcher.search_batch([with_draws, without, sampled])
-    assert answer(got)["hits"] == answer(plain)["hits"]
-    assert got.uncertainty.posterior_entropy == plain.uncertainty.posterior_entropy
-    assert got.uncertainty.mutual_information == got.uncertainty.feature_uncertainty == 0.0
-    assert plain.uncertainty.mutual_information is None and got.mc_samples == 8
+    assert answer(got)["results"] == answer(plain)["results"]
+    assert got.query.posterior_entropy == plain.query.posterior_entropy
+    assert got.query.mutual_information == got.query.feature_uncertainty == 0.0
+    assert plain.query.mutual_information is None and got.query.mc_samples == 8
     assert answer(embedded) == alone(no_dropout_searcher, [sampled])[0]
-    assert embedded.uncertainty.feature_uncertainty > 0
+    assert embedded.query.feature_uncertainty > 0

@@ -85,7 +85,7 @@ def test_retired_version_is_closed_after_its_last_request(
             assert old.retired
             # Still fully usable by the request that holds it.
             query = np.asarray(old.index.mu[:1], dtype=np.float32)
-            _, rows = old.index.shortlist("w2", query, np.asarray(old.index.logvar[:1]), 3)
+            rows = old.index.shortlist("w2", query, np.asarray(old.index.logvar[:1]), 3)
             assert rows[0, 0] == 0
         assert not hasattr(old.index, "mu")  # IndexVersion.close() dropped its memory maps
         with holder.acquire("image") as new:

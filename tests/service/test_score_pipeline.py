@@ -12,6 +12,7 @@ from indexer.store import IndexVersion
 from models.evaluation.evaluate import EvalConfig, direction_scores, distance_chunks
 from models.onnx.encoder_runtime import Embeddings
 from models.scoring.query_scores import SCORE_NAMES
+from models.settings import Settings
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
 from service.searcher import Query, Searcher, SearchParams, _sample_embedding
@@ -46,13 +47,14 @@ def service_scores(artifacts: Artifacts, root: Path, queries: list[Query]) -> li
     holder.start()
     try:
         searcher = Searcher(
-            holder, {}, default_metrics={"image": "w2", "text": "w2"}, candidate_metric="w2",
-            max_shortlist=SHORTLIST, device=torch.device("cpu"),
+            holder, {}, default_metrics={"image": "w2", "text": "w2"},
+            settings=Settings(candidate_metric="w2", max_shortlist=SHORTLIST), model_name="test",
+            device=torch.device("cpu"),
         )  # fmt: skip
         outcomes = searcher.search_batch(queries)
     finally:
         holder.stop()
-    return [vars(o.uncertainty) for o in outcomes]
+    return [{name: getattr(o.query, name) for name in SCORE_NAMES} for o in outcomes]
 
 
 def embeddings_of(queries: list[Query]) -> Embeddings:

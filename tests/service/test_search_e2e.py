@@ -13,7 +13,7 @@ import pytest
 import redis
 from PIL import Image
 
-from service.http.schemas import SearchResponse
+from service.outcome import parse_response, response_json
 from tests.service.conftest import Artifacts, ServerThread, brute_force
 
 CAPTION = "a big red circle and a small blue square"
@@ -175,9 +175,9 @@ def test_cache_hit_returns_the_identical_body(
 
 
 def test_every_search_body_is_exactly_a_search_response(client: httpx.Client) -> None:
-    """The bodies are written without the response models (service.http.response_body): each
-    parses into SearchResponse and dumps back to the same bytes, so no field is missing,
-    extra, renamed or out of the schema's order."""
+    """Each body parses into the declared SearchResponse (service.outcome) and dumps back to the
+    same bytes, and the OpenAPI schema names the same fields: none is missing, extra, renamed
+    or out of order."""
     text = client.post(
         "/search/text", json={"text": "a tiny yellow star", "k": 3, "return_embedding": True}
     )
@@ -193,8 +193,11 @@ def test_every_search_body_is_exactly_a_search_response(client: httpx.Client) ->
     )
     for response in (text, image, embedding):
         assert response.status_code == 200, response.text
-        parsed = SearchResponse.model_validate_json(response.content)
-        assert parsed.model_dump_json().encode() == response.content
+        assert response_json(parse_response(response.content)) == response.content
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for name, body in (("SearchResponse", text.json()), ("QueryInfo", query)):
+        assert list(schemas[name]["properties"]) == list(body), name
+    assert list(schemas["SearchHit"]["properties"]) == list(text.json()["results"][0])
     assert len(query["mu"]) == len(query["logvar"]) > 0
 
 

@@ -1,7 +1,6 @@
 """POST /search/text, /search/image and /search/embedding: parse the request, answer it
 (the work is in service.http.search_flow and service.http.image_request)."""
 
-import hashlib
 import time
 
 import numpy as np
@@ -9,18 +8,18 @@ from fastapi import APIRouter, Request, Response
 
 from service.errors import InvalidQueryError
 from service.http.deps import ServicesDep
-from service.http.image_request import image_query, read_image_request
+from service.http.image_request import read_image_request
 from service.http.json_request import json_body_schema, read_json_request
 from service.http.schemas import (
     SEARCH_ERROR_RESPONSES,
     EmbeddingSearchRequest,
     ImageSearchRequest,
     SearchOptions,
-    SearchResponse,
     TextSearchRequest,
 )
-from service.http.search_flow import Answer, answer, check_text, search_params
-from service.searcher import GALLERY_OF_KIND, Query
+from service.http.search_flow import Answer, answer
+from service.outcome import SearchResponse
+from service.searcher import GALLERY_OF_KIND, QueryInput
 
 # The API key dependency is added by the app factory when require_api_key_for_search is set.
 router = APIRouter(prefix="/search", tags=["search"], responses=SEARCH_ERROR_RESPONSES)
@@ -54,15 +53,12 @@ async def search_text(request: Request, services: ServicesDep) -> Response:
     """Search the image gallery with a caption."""
     start = time.perf_counter()
     body = await read_json_request(request, TextSearchRequest)
-    check_text(body.text, services.settings)
-    params = search_params(body, services, GALLERY_OF_KIND["text"])
-
-    async def query(seed: int) -> Query:
-        return Query("text", GALLERY_OF_KIND["text"], params, seed, text=body.text)
-
-    gallery, payload = GALLERY_OF_KIND["text"], {"text": body.text}
-    result = await answer(services, "text", gallery, params, payload, query, start)
-    return _respond(result)
+    searcher, gallery = services.searcher, GALLERY_OF_KIND["text"]
+    searcher.check_text(body.text)
+    params = searcher.params(gallery, **body.options())
+    return _respond(
+        await answer(services, QueryInput("text", gallery, params, text=body.text), start)
+    )
 
 
 @router.post("/image", response_model=SearchResponse, openapi_extra=_IMAGE_BODY)
@@ -70,14 +66,10 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     """Search the caption gallery with an image: multipart (field `image`) or JSON base64."""
     start = time.perf_counter()
     data, options = await read_image_request(request, services.settings.max_image_bytes)
-    params = search_params(options, services, GALLERY_OF_KIND["image"])
-
-    async def query(seed: int) -> Query:
-        return await image_query(data, params, seed, services)
-
-    gallery, payload = GALLERY_OF_KIND["image"], {"image_sha256": hashlib.sha256(data).hexdigest()}
-    result = await answer(services, "image", gallery, params, payload, query, start)
-    return _respond(result)
+    gallery = GALLERY_OF_KIND["image"]
+    params = services.searcher.params(gallery, **options.options())
+    ask = QueryInput("image", gallery, params, image_bytes=data)
+    return _respond(await answer(services, ask, start))
 
 
 @router.post(
@@ -90,14 +82,9 @@ async def search_embedding(request: Request, services: ServicesDep) -> Response:
     start = time.perf_counter()
     body = await read_json_request(request, EmbeddingSearchRequest)
     mu, logvar = _embedding(body, services.settings.max_embedding_dim)
-    params = search_params(body, services, body.gallery)
-
-    async def query(seed: int) -> Query:
-        return Query("embedding", body.gallery, params, seed, mu=mu, logvar=logvar)
-
-    payload = {"mu": body.mu, "logvar": body.logvar}
-    result = await answer(services, "embedding", body.gallery, params, payload, query, start)
-    return _respond(result)
+    params = services.searcher.params(body.gallery, **body.options())
+    ask = QueryInput("embedding", body.gallery, params, mu=mu, logvar=logvar)
+    return _respond(await answer(services, ask, start))
 
 
 def _embedding(body: EmbeddingSearchRequest, max_dim: int) -> tuple[np.ndarray, np.ndarray]:
