@@ -8,7 +8,6 @@ alone, so a query's answer does not depend on the rest of the batch. A query's f
 returned in its slot and never fails the others.
 """
 
-import hashlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -70,24 +69,18 @@ class SearchParams:
 @dataclass(frozen=True)
 class QueryInput:
     """What a search request asks, as parsed: exactly one of text, the image file's bytes or
-    (mu, logvar) is set. The query (Query) is made from it on a cache miss only, with the seed
-    derived from `identity`, so that a hit skips decoding an image."""
+    (mu, logvar) is set. `identity` is the query as sent (its text, the image's sha256, or the
+    embedding's values as they came), what its MC draws are seeded from. The query (Query) is
+    made from it on a cache miss only, so that a hit skips decoding an image."""
 
     kind: QueryKind
     gallery: str
     params: SearchParams
+    identity: dict[str, Any]
     text: str | None = None
     image_bytes: bytes | None = None
     mu: np.ndarray | None = None  # (D,) float32
     logvar: np.ndarray | None = None  # (D,) float32
-
-    def identity(self) -> dict[str, Any]:
-        """The query itself, apart from its options: what its MC draws are seeded from."""
-        if self.kind == "text":
-            return {"text": self.text}
-        if self.kind == "image":
-            return {"image_sha256": hashlib.sha256(self.image_bytes or b"").hexdigest()}
-        return {"mu": _floats(self.mu), "logvar": _floats(self.logvar)}
 
     def query(
         self,
@@ -102,11 +95,6 @@ class QueryInput:
             self.kind, self.gallery, self.params, seed, text=self.text, image=image,
             mu=self.mu, logvar=self.logvar, decode_ms=decode_ms, loaded=loaded,
         )  # fmt: skip
-
-
-def _floats(array: np.ndarray | None) -> list[float]:
-    """The float32 values as the floats JSON sent (float32 -> float64 is exact)."""
-    return [] if array is None else array.astype(np.float64).tolist()
 
 
 @dataclass

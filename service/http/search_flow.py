@@ -41,7 +41,7 @@ async def answer(services: Services, ask: QueryInput, start: float) -> Answer:
         # The MC draws depend on the query itself only (so k, the metric or a threshold
         # override never change them); the cache key covers the whole canonical request.
         query_part = {"kind": ask.kind, "model": services.model_name, "mc": ask.params.mc_samples}
-        query_part.update(ask.identity())
+        query_part.update(ask.identity)
         seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
         request_hash = _digest({**query_part, "gallery": ask.gallery, "params": vars(ask.params)})
         key = cache_key(loaded.version, request_hash)

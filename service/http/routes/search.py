@@ -1,6 +1,7 @@
 """POST /search/text, /search/image and /search/embedding: parse the request, answer it
 (the work is in service.http.search_flow and service.http.image_request)."""
 
+import hashlib
 import time
 
 import numpy as np
@@ -56,9 +57,8 @@ async def search_text(request: Request, services: ServicesDep) -> Response:
     searcher, gallery = services.searcher, GALLERY_OF_KIND["text"]
     searcher.check_text(body.text)
     params = searcher.params(gallery, **body.options())
-    return _respond(
-        await answer(services, QueryInput("text", gallery, params, text=body.text), start)
-    )
+    ask = QueryInput("text", gallery, params, {"text": body.text}, text=body.text)
+    return _respond(await answer(services, ask, start))
 
 
 @router.post("/image", response_model=SearchResponse, openapi_extra=_IMAGE_BODY)
@@ -68,7 +68,8 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     data, options = await read_image_request(request, services.settings.max_image_bytes)
     gallery = GALLERY_OF_KIND["image"]
     params = services.searcher.params(gallery, **options.options())
-    ask = QueryInput("image", gallery, params, image_bytes=data)
+    identity = {"image_sha256": hashlib.sha256(data).hexdigest()}
+    ask = QueryInput("image", gallery, params, identity, image_bytes=data)
     return _respond(await answer(services, ask, start))
 
 
@@ -83,7 +84,8 @@ async def search_embedding(request: Request, services: ServicesDep) -> Response:
     body = await read_json_request(request, EmbeddingSearchRequest)
     mu, logvar = _embedding(body, services.settings.max_embedding_dim)
     params = services.searcher.params(body.gallery, **body.options())
-    ask = QueryInput("embedding", body.gallery, params, mu=mu, logvar=logvar)
+    identity = {"mu": body.mu, "logvar": body.logvar}
+    ask = QueryInput("embedding", body.gallery, params, identity, mu=mu, logvar=logvar)
     return _respond(await answer(services, ask, start))
 
 
