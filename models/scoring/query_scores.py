@@ -18,6 +18,7 @@ embedding, draws and shortlist gets the same scores everywhere. Larger always me
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -112,11 +113,15 @@ class ScoredShortlists:
 
     def query(self, q: int, temperature: float) -> tuple[QueryScores, int]:
         """The QueryScores holding query q at `temperature`, and q's position in them."""
-        for i, members in enumerate(self.groups):
-            (found,) = np.nonzero(members == q)
-            if len(found):
-                return self.scores[temperature][i], int(found[0])
-        raise IndexError(f"query {q} is not in this batch")
+        group, position = self._where[q]
+        return self.scores[temperature][group], position
+
+    @functools.cached_property
+    def _where(self) -> dict[int, tuple[int, int]]:
+        """query -> (its group, its position in the group)."""
+        return {
+            int(q): (i, j) for i, members in enumerate(self.groups) for j, q in enumerate(members)
+        }
 
     def values(self, temperature: float) -> dict[str, np.ndarray]:
         """name -> (Q,) values of every score computed for all the queries, at `temperature`."""
@@ -152,12 +157,14 @@ def score_shortlists(
     )
     rerank_ms, start = 1000 * (time.perf_counter() - start), time.perf_counter()
     groups, scores = [], {float(t): [] for t in temperatures}
-    for count in np.unique(ranked.counts):
-        same = np.flatnonzero(ranked.counts == count)
+    by_count: dict[int, list[int]] = {}
+    for q, count in enumerate(ranked.counts.tolist()):
+        by_count.setdefault(count, []).append(q)
+    for count, same in by_count.items():
         for first in range(0, len(same), SCORE_BLOCK):
-            members = same[first : first + SCORE_BLOCK]
+            members = np.array(same[first : first + SCORE_BLOCK])
             block = _block_scores(
-                metric, queries, members, ranked, int(count), temperatures, caption_query
+                metric, queries, members, ranked, count, temperatures, caption_query
             )
             groups.append(members)
             for temperature, scored in zip(scores, block, strict=True):
@@ -177,13 +184,13 @@ def _block_scores(
 ) -> list[QueryScores]:
     """shortlist_scores of the queries at `members`, which all have `count` results."""
     device = ranked.mu.device
-    whole = len(members) == len(ranked.counts) and count == ranked.mu.shape[1]
+    whole = len(members) == len(ranked.counts) and count == ranked.mu.shape[1]  # all, in order
     index = slice(None) if whole else torch.as_tensor(members, device=device)
     candidates = (ranked.mu[index, :count], ranked.logvar[index, :count])  # (Q', M, D) each
 
     def tensor(array: np.ndarray, axis: int) -> torch.Tensor:
-        picked = np.take(array, members, axis=axis).astype(np.float32, copy=False)
-        return torch.from_numpy(np.ascontiguousarray(picked)).to(device)
+        picked = array if whole else np.take(array, members, axis=axis)
+        return torch.from_numpy(np.ascontiguousarray(picked, dtype=np.float32)).to(device)
 
     query = (tensor(queries.mu, 0), tensor(queries.logvar, 0))  # (Q', D) each
     draws = None
