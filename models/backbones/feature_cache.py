@@ -1,0 +1,101 @@
+"""Backbone features of a dataset split, computed once and kept beside the dataset.
+
+Training heads on a frozen backbone needs each item's backbone vector, every epoch; the
+backbone itself is the expensive part. `split_features` computes the vectors of one split's
+images or captions once and stores them under `<dataset>/features/<backbone>/`, keyed by the
+backbone's name and the hash of its weights; a later call with the same items reads them back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from models.datasets.records import PairedDataset
+from models.networks.preprocess import load_image
+
+FEATURES_DIR = "features"
+Kind = Literal["image", "text"]
+
+
+def weights_fingerprint(path: Path) -> str:
+    """First 12 hex digits of the sha256 of a weights file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def split_features(
+    dataset: PairedDataset,
+    split: str,
+    kind: Kind,
+    backbone_key: str,
+    encode: Callable[[Sequence], torch.Tensor],
+    batch_size: int = 64,
+) -> tuple[list[str], np.ndarray]:
+    """The ids and float32 features (N, dim) of the split's images or captions, in the
+    dataset's order: read from the cache when it holds exactly these ids, else computed
+    with `encode` (a batch of PIL images or caption strings -> (B, dim)) and cached.
+
+    backbone_key: the backbone's name and weights fingerprint, e.g. "efficientnet-lite0-0a1b2c".
+    """
+    part = dataset.split(split)
+    records = part.images if kind == "image" else part.captions
+    ids = [r.id for r in records]
+    path = dataset.root / FEATURES_DIR / backbone_key / f"{split}-{kind}.npz"
+    cached = _read(path, ids)
+    if cached is not None:
+        return ids, cached
+    chunks = []
+    bar = tqdm(total=len(records), desc=f"{backbone_key} features of {split} {kind}s", unit=kind)
+    with torch.inference_mode():
+        for start in range(0, len(records), batch_size):
+            batch = records[start : start + batch_size]
+            inputs = (
+                [load_image(r.path) for r in batch] if kind == "image" else [r.text for r in batch]
+            )
+            chunks.append(encode(inputs).float().cpu().numpy())
+            bar.update(len(batch))
+    bar.close()
+    features = np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
+    _write(path, ids, features)
+    return ids, features
+
+
+def _inputs(records: Sequence, kind: Kind) -> list:
+    """What the backbone reads: the images, loaded, or the captions' text."""
+    return [load_image(r.path) for r in records] if kind == "image" else [r.text for r in records]
+
+
+def _read(path: Path, ids: list[str]) -> np.ndarray | None:
+    """The cached features when the file holds exactly `ids`, in order; else None."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            if stored["ids"].tolist() != ids:
+                return None
+            return stored["features"]
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: computed again and replaced
+
+
+def _write(path: Path, ids: list[str], features: np.ndarray) -> None:
+    """Atomically: a crash leaves the old file or none, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(partial, "wb") as f:
+            np.savez(f, ids=np.array(ids, dtype=str), features=features.astype(np.float32))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
