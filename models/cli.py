@@ -95,7 +95,7 @@ def train(
     """Train the encoders on DATA and write a model dir with ONNX encoders."""
     from models.datasets.records import DatasetError
     from models.networks.model_config import ConfigError
-    from models.onnx.export import ExportError
+    from models.onnx.parity import ExportError
     from models.threads import configure_torch_threads
     from models.training.train import train as run_training
     from models.training.training_data import TrainingDataError
@@ -132,7 +132,8 @@ def export(
 ) -> None:
     """Export both encoders of MODEL_DIR to ONNX and check them against torch."""
     from models.networks.model_config import ConfigError
-    from models.onnx.export import ExportError, export_model_dir
+    from models.onnx.export import export_model_dir
+    from models.onnx.parity import ExportError
 
     model_dir = required(settings_from({"model": model_dir}), "model", "MODEL_DIR", "no model dir")
     try:

@@ -39,12 +39,12 @@ def split_features(
     split: str,
     kind: Kind,
     backbone_key: str,
-    encode: Callable[[Sequence], torch.Tensor],
+    encode: Callable[[list], torch.Tensor | np.ndarray],
     batch_size: int = 64,
 ) -> tuple[list[str], np.ndarray]:
     """The ids and float32 features (N, dim) of the split's images or captions, in the
     dataset's order: read from the cache when it holds exactly these ids, else computed
-    with `encode` (a batch of PIL images or caption strings -> (B, dim)) and cached.
+    with `encode` (a list of PIL images or caption strings -> (B, dim)) and cached.
 
     backbone_key: the backbone's name and weights fingerprint, e.g. "efficientnet-lite0-0a1b2c".
     """
@@ -60,10 +60,7 @@ def split_features(
     with torch.inference_mode():
         for start in range(0, len(records), batch_size):
             batch = records[start : start + batch_size]
-            inputs = (
-                [load_image(r.path) for r in batch] if kind == "image" else [r.text for r in batch]
-            )
-            chunks.append(encode(inputs).float().cpu().numpy())
+            chunks.append(np.asarray(encode(_inputs(batch, kind)), dtype=np.float32))
             bar.update(len(batch))
     bar.close()
     features = np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)

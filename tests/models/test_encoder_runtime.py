@@ -147,9 +147,9 @@ def test_empty_batch(text_encoder, image_encoder) -> None:
 def test_wrong_modality_device_and_mc_count_are_refused(
     tiny_model_dir, text_encoder, image_encoder
 ) -> None:
-    with pytest.raises(EncoderRuntimeError, match="text encoder"):
+    with pytest.raises(EncoderRuntimeError, match="not an image encoder"):
         text_encoder.encode_images([Image.new("RGB", (8, 8))])
-    with pytest.raises(EncoderRuntimeError, match="image encoder"):
+    with pytest.raises(EncoderRuntimeError, match="not a caption encoder"):
         image_encoder.encode_texts(["a"])
     with pytest.raises(EncoderRuntimeError, match="mc_samples"):
         text_encoder.encode_texts(["a"], mc_samples=-1)

@@ -1,0 +1,94 @@
+"""A backbone named in a model config, loaded: one of the shipped two by name, or any ONNX
+graph shaped like a backbone (models.backbones.onnx_backbone) by its path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.backbones.feature_cache import weights_fingerprint
+from models.networks.model_config import TOKENIZER_FILE, ConfigError
+
+Modality = Literal["image", "text"]
+SHIPPED = {"image": "efficientnet-lite0", "text": "all-minilm-l6-v2"}
+
+
+@dataclass
+class Backbone:
+    """A loaded backbone: `key` names its features in the cache (name and weights hash);
+    `module` is the torch module for the shipped ones (exported in front of the heads), None
+    for an ONNX graph (`graph` then holds its path); `tokenizer_file` is the tokenizer.json of
+    a text backbone; `image_size` the side an image backbone reads."""
+
+    modality: Modality
+    key: str
+    dim: int
+    runner: Any
+    module: nn.Module | None = None
+    graph: Path | None = None
+    tokenizer_file: Path | None = None
+    image_size: int = 0
+    max_tokens: int = 0
+
+    def encode(self, batch: list) -> np.ndarray:
+        """Features (N, dim) float32 of a batch of PIL images or caption strings."""
+        with torch.inference_mode():
+            out = self.runner.encode(batch)
+        return out.float().numpy() if isinstance(out, torch.Tensor) else out
+
+
+def load_backbone(spec: str, modality: Modality) -> Backbone:
+    """The backbone `spec` names: "efficientnet-lite0", "all-minilm-l6-v2", or an .onnx path
+    (a text graph reads the tokenizer.json beside it)."""
+    if spec == SHIPPED[modality]:
+        return _shipped(modality)
+    if spec in SHIPPED.values():
+        raise ConfigError(f"{spec} is a{'n image' if modality == 'text' else ' text'} backbone")
+    path = Path(spec)
+    if path.suffix != ".onnx":
+        raise ConfigError(
+            f"unknown {modality} backbone {spec!r}: name {SHIPPED[modality]} or an .onnx file"
+        )
+    return _onnx(path, modality)
+
+
+def _shipped(modality: Modality) -> Backbone:
+    if modality == "image":
+        from models.backbones.image_backbone import EfficientNetLite0
+
+        image = EfficientNetLite0()
+        key = f"{image.name}-{weights_fingerprint(image.weights_path)}"
+        return Backbone(modality, key, image.dim, image, image, image_size=image.image_size)
+    from models.backbones.text_backbone import MAX_TOKENS, MiniLM
+
+    text = MiniLM()
+    key = f"{text.name}-{weights_fingerprint(text.weights_path)}"
+    return Backbone(
+        modality, key, text.dim, text, text, tokenizer_file=text.tokenizer_file,
+        max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+
+
+def _onnx(path: Path, modality: Modality) -> Backbone:
+    from models.backbones.onnx_backbone import MAX_TOKENS, BackboneGraphError, OnnxBackbone
+
+    tokenizer = path.parent / TOKENIZER_FILE if modality == "text" else None
+    if tokenizer is not None and not tokenizer.is_file():
+        raise ConfigError(f"{path} is a text backbone: put its {TOKENIZER_FILE} beside it")
+    try:
+        graph = OnnxBackbone(path, tokenizer=tokenizer)
+    except BackboneGraphError as error:
+        raise ConfigError(str(error)) from error
+    if graph.modality != modality:
+        raise ConfigError(f"{path} is an {graph.modality} graph, not a {modality} backbone")
+    key = f"onnx-{path.stem}-{weights_fingerprint(path)}"
+    size = getattr(graph, "image_size", 0)
+    return Backbone(
+        modality, key, int(graph.dim), graph, None, path, tokenizer, size,
+        MAX_TOKENS if modality == "text" else 0,
+    )  # fmt: skip

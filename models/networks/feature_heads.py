@@ -1,0 +1,40 @@
+"""Probabilistic heads on a frozen backbone's feature vector, with MC dropout inside them.
+
+The backbone runs once per input; the heads are a small MLP (backbone vector -> hidden ->
+GaussianHeads), so the L Monte-Carlo draws cost L passes of the heads only. Dropout acts on
+the backbone vector and on the hidden units: a mask row holds one multiplier per backbone
+feature, then one per hidden unit (ModelConfig.head_mask_width), as the small encoders'
+masks do, so no randomness lives inside a forward pass or an exported graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.networks.heads import GaussianHeads, init_linear
+from models.networks.model_config import ModelConfig
+
+
+class FeatureHeads(nn.Module):
+    """features (N, F) + dropout masks (S, N, F + H) -> mu, logvar (S * N, D), draw-major."""
+
+    def __init__(self, in_features: int, config: ModelConfig, gaussian: bool) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.hidden = nn.Sequential(nn.Linear(in_features, config.head_hidden), nn.ReLU())
+        self.heads = GaussianHeads(config.head_hidden, config, gaussian=gaussian)
+        self.mask_widths = (in_features, config.head_hidden)
+        init_linear(self)
+
+    def forward(
+        self, features: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(self.features(features, masks))
+
+    def features(self, features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        """The hidden units (S * N, H) that the Gaussian heads read, draw-major."""
+        num_draws = masks.shape[0]
+        x = features.unsqueeze(0).expand(num_draws, *features.shape).flatten(0, 1)  # (S*N, F)
+        input_mask, hidden_mask = masks.flatten(0, 1).split(self.mask_widths, dim=1)
+        return self.hidden(x * input_mask) * hidden_mask

@@ -1,0 +1,174 @@
+"""ONNX export of a model on pretrained backbones: per modality the heads alone and the whole
+path (backbone, then heads), each checked against torch.
+
+The whole path is the backbone's graph joined to the heads' graph with onnx.compose: the
+shipped backbones are exported first (models.backbones.onnx_backbone), a user's ONNX
+backbone is used as it is, so both take the same road. Graph inputs (model.json "onnx_io"):
+
+image_encoder.onnx  pixels uint8 (N, 3, S, S) (or the user's graph's own pixel type),
+                    dropout_masks float32 (S, N, F + H)
+text_encoder.onnx   input_ids, attention_mask int64 (N, T) of tokenizer.json, dropout_masks
+image_heads.onnx,
+text_heads.onnx     features float32 (N, F), dropout_masks
+-> mu, logvar float32 (S * N, D), draw-major as for the small encoders (models.onnx.export).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.compose
+import torch
+from PIL import Image
+
+from models.backbones.onnx_backbone import export_backbone
+from models.backbones.registry import Backbone, load_backbone
+from models.networks.backbone_tokenizer import caption_tokens, load_tokenizer
+from models.networks.feature_heads import FeatureHeads
+from models.networks.heads import dropout_masks
+from models.networks.model_config import (
+    IMAGE_HEADS_ONNX_FILE,
+    IMAGE_ONNX_FILE,
+    OPSET,
+    TEXT_HEADS_ONNX_FILE,
+    TEXT_ONNX_FILE,
+    TOKENIZER_FILE,
+    ModelConfig,
+)
+from models.networks.preprocess import resize_to_uint8
+from models.networks.probabilistic_model import HeadsModel
+from models.onnx.parity import PARITY_ATOL, ExportError
+
+FILES = {
+    "image": (IMAGE_ONNX_FILE, IMAGE_HEADS_ONNX_FILE),
+    "text": (TEXT_ONNX_FILE, TEXT_HEADS_ONNX_FILE),
+}
+CAPTIONS = ("a red apple on a white plate", "tux", "a drawing of a cat sitting on a fence " * 3)
+
+
+def export_pretrained(model: HeadsModel, model_dir: Path) -> dict[str, float]:
+    """Write the four graphs into `model_dir`; the worst torch-vs-ORT difference per file."""
+    model.eval()
+    differences: dict[str, float] = {}
+    for modality, spec in (("image", model.config.image_backbone),
+                           ("text", model.config.text_backbone)):  # fmt: skip
+        whole, heads_file = (model_dir / name for name in FILES[modality])
+        heads = model.image_encoder if modality == "image" else model.text_encoder
+        backbone = load_backbone(spec, modality)
+        with tempfile.TemporaryDirectory() as tmp:
+            graph = backbone.graph or _exported(backbone, Path(tmp))
+            opset = _default_opset(onnx.load(str(graph)))
+            export_heads(heads, heads_file, opset)
+            differences[heads_file.name] = _heads_parity(heads, heads_file)
+            _join(graph, heads_file, whole)
+        differences[whole.name] = _whole_parity(model, backbone, heads, whole, model_dir)
+    return differences
+
+
+def export_heads(heads: FeatureHeads, path: Path, opset: int = OPSET) -> None:
+    """The heads alone: features (N, F) and dropout_masks (S, N, F + H) -> mu, logvar."""
+    features, masks = _example(heads, batch=3, draws=2, seed=0)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the exporter's deprecation notice
+        torch.onnx.export(
+            heads, (features, masks), str(path), input_names=["features", "dropout_masks"],
+            output_names=["mu", "logvar"], opset_version=opset, dynamo=False,
+            dynamic_axes={"features": {0: "N"}, "dropout_masks": {0: "S", 1: "N"},
+                          "mu": {0: "rows"}, "logvar": {0: "rows"}},
+        )  # fmt: skip
+
+
+def _exported(backbone: Backbone, folder: Path) -> Path:
+    """A shipped backbone exported to `folder` (parity-checked by export_backbone)."""
+    example = _raw_examples(backbone.modality, backbone.image_size)
+    return export_backbone(backbone.module, folder / f"{backbone.modality}_backbone.onnx", example)
+
+
+def _join(backbone_graph: Path, heads_graph: Path, out: Path) -> None:
+    """The backbone's graph with its one output fed to the heads' `features` input."""
+    first = onnx.load(str(backbone_graph))
+    second = onnx.load(str(heads_graph))
+    second.ir_version = first.ir_version
+    (feature_output,) = [o.name for o in first.graph.output]
+    first = onnx.compose.add_prefix(first, "backbone/", rename_inputs=False, rename_outputs=False)
+    second = onnx.compose.add_prefix(second, "heads/", rename_inputs=False, rename_outputs=False)
+    try:
+        joined = onnx.compose.merge_models(first, second, io_map=[(feature_output, "features")])
+    except ValueError as error:
+        raise ExportError(f"cannot join {backbone_graph.name} to the heads: {error}") from error
+    onnx.save(joined, str(out))
+
+
+def _default_opset(graph: onnx.ModelProto) -> int:
+    """The graph's opset of the default ONNX domain (the heads are exported at it too)."""
+    return next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _example(heads: FeatureHeads, batch: int, draws: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn((batch, heads.in_features), generator=generator)
+    width = sum(heads.mask_widths)
+    return features, dropout_masks((draws, batch, width), 0.5, generator)
+
+
+def _heads_parity(heads: FeatureHeads, path: Path) -> float:
+    """Max |torch - ORT| over mu and logvar, at batch and draw counts other than the traced."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    features, masks = _example(heads, batch=7, draws=4, seed=1)
+    with torch.no_grad():
+        expected = [t.numpy() for t in heads(features, masks)]
+    feeds = {"features": features.numpy(), "dropout_masks": masks.numpy()}
+    got = session.run(["mu", "logvar"], feeds)
+    return _checked(path, expected, got)
+
+
+def _whole_parity(
+    model: HeadsModel, backbone: Backbone, heads: FeatureHeads, path: Path, model_dir: Path
+) -> float:
+    """The whole graph against the backbone's own features fed to the torch heads."""
+    import onnxruntime as ort
+
+    raw = _raw_examples(backbone.modality, backbone.image_size)
+    masks = dropout_masks(model.mask_shape(backbone.modality, 3, len(raw)), 0.5,
+                          torch.Generator().manual_seed(2))  # fmt: skip
+    with torch.no_grad():
+        features = torch.from_numpy(backbone.encode(list(raw)))
+        expected = [t.numpy() for t in heads(features, masks)]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = _feeds(backbone, raw, model_dir / TOKENIZER_FILE, model.config, session)
+    got = session.run(["mu", "logvar"], {**feeds, "dropout_masks": masks.numpy()})
+    return _checked(path, expected, got)
+
+
+def _feeds(
+    backbone: Backbone, raw: list, tokenizer: Path, config: ModelConfig, session
+) -> dict[str, np.ndarray]:
+    """The whole graph's backbone inputs for raw images or captions."""
+    if backbone.modality == "image":
+        pixels = np.stack([resize_to_uint8(image, backbone.image_size) for image in raw])
+        kind = session.get_inputs()[0].type
+        return {"pixels": pixels if kind == "tensor(uint8)" else pixels.astype(np.float32)}
+    ids, mask = caption_tokens(load_tokenizer(tokenizer, config.max_caption_tokens), raw)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _raw_examples(modality: str, size: int) -> list:
+    """A few inputs to check a graph on: noise images, or captions of several lengths."""
+    if modality == "text":
+        return list(CAPTIONS)
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+            for _ in range(2)]  # fmt: skip
+
+
+def _checked(path: Path, expected: list[np.ndarray], got: list[np.ndarray]) -> float:
+    worst = max(float(np.abs(want - have).max()) for want, have in zip(expected, got, strict=True))
+    if worst > PARITY_ATOL:
+        raise ExportError(f"{path.name}: ONNX Runtime differs from torch by {worst:.2e}")
+    return worst

@@ -1,0 +1,152 @@
+"""A model on the shipped pretrained backbones: heads trained on cached features, exported as
+the whole path and as the heads alone, served by ONNX Runtime; a user's own backbone vectors
+give the same embeddings as the whole path."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from models.backbones.registry import load_backbone
+from models.datasets.records import load_dataset
+from models.datasets.shapes import generate_shapes
+from models.networks.feature_heads import FeatureHeads
+from models.networks.heads import dropout_masks
+from models.networks.model_config import (
+    IMAGE_HEADS_ONNX_FILE,
+    IMAGE_ONNX_FILE,
+    TEXT_HEADS_ONNX_FILE,
+    TEXT_ONNX_FILE,
+    TOKENIZER_FILE,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+)
+from models.networks.preprocess import load_image
+from models.networks.probabilistic_model import HeadsModel, load_model
+from models.onnx.encoder_runtime import EncoderRuntimeError, OnnxEncoder
+from models.training.train import train
+
+PRETRAINED = ModelConfig(
+    model_type="gcie",
+    embed_dim=16,
+    head_hidden=32,
+    dropout=0.2,
+    image_backbone="efficientnet-lite0",
+    text_backbone="all-minilm-l6-v2",
+)
+QUICK = TrainConfig(epochs=2, patience=0, seed=0)
+CAPTIONS = ["a red circle", "two blue squares and a green star", "asdf qwerty"]
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory) -> Path:
+    return generate_shapes(
+        tmp_path_factory.mktemp("small") / "shapes", 40, seed=1, progress=False, workers=1
+    )
+
+
+@pytest.fixture(scope="module")
+def pretrained_dir(tmp_path_factory, small_data) -> Path:
+    out = tmp_path_factory.mktemp("models") / "pretrained"
+    train(small_data, out, PRETRAINED, QUICK, progress=False, log=lambda line: None)
+    return out
+
+
+def test_heads_apply_dropout_to_the_vector_and_the_hidden_units() -> None:
+    """Against the same MLP written out by hand with torch.nn.functional."""
+    heads = FeatureHeads(6, PRETRAINED.replace(head_hidden=5, embed_dim=3), gaussian=True).eval()
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(4, 6, generator=generator)
+    masks = dropout_masks((2, 4, 11), 0.5, generator)
+    mu, logvar = heads(features, masks)
+    assert mu.shape == logvar.shape == (8, 3)
+    for draw in range(2):
+        hidden_layer = heads.hidden[0]
+        x = features * masks[draw, :, :6]
+        hidden = torch.relu(x @ hidden_layer.weight.T + hidden_layer.bias) * masks[draw, :, 6:]
+        mean = torch.nn.functional.normalize(hidden @ heads.heads.mu_head.weight.T
+                                             + heads.heads.mu_head.bias, dim=-1)  # fmt: skip
+        torch.testing.assert_close(mu[draw * 4 : draw * 4 + 4], mean)
+
+
+def test_one_backbone_alone_and_pvse_on_backbones_are_refused() -> None:
+    with pytest.raises(ConfigError, match="both backbones"):
+        ModelConfig(image_backbone="efficientnet-lite0")
+    with pytest.raises(ConfigError, match="pvse"):
+        PRETRAINED.replace(model_type="pvse", metric="max_pair")
+    with pytest.raises(ConfigError, match="unknown image backbone"):
+        load_backbone("resnet-152", "image")
+    with pytest.raises(ConfigError, match="is a text backbone"):
+        load_backbone("all-minilm-l6-v2", "image")
+
+
+def test_training_aids_that_need_pixels_are_refused(small_data, tmp_path) -> None:
+    config = TrainConfig(epochs=1, outlier_fraction=0.5)
+    with pytest.raises(ConfigError, match="outlier_fraction is not supported on pretrained"):
+        train(small_data, tmp_path / "m", PRETRAINED, config, progress=False, export=False)
+
+
+def test_the_model_dir_holds_the_four_graphs_and_the_tokenizer(pretrained_dir) -> None:
+    for name in (IMAGE_ONNX_FILE, TEXT_ONNX_FILE, IMAGE_HEADS_ONNX_FILE, TEXT_HEADS_ONNX_FILE,
+                 TOKENIZER_FILE):  # fmt: skip
+        assert (pretrained_dir / name).is_file(), name
+    saved = json.loads((pretrained_dir / "model.json").read_text())
+    assert (saved["image_backbone_dim"], saved["text_backbone_dim"]) == (1280, 384)
+    assert saved["image_size"] == 224
+    assert set(saved["onnx_io"][IMAGE_ONNX_FILE]["inputs"]) == {"pixels", "dropout_masks"}
+    assert isinstance(load_model(pretrained_dir), HeadsModel)
+
+
+def test_features_are_cached_beside_the_dataset_once(small_data, pretrained_dir) -> None:
+    cached = sorted(p.name for p in (small_data / "features").glob("*/*.npz"))
+    assert cached == ["train-image.npz", "train-text.npz", "val-image.npz", "val-text.npz"]
+
+
+def test_the_served_whole_path_is_the_torch_heads_on_the_backbone(pretrained_dir, small_data):
+    """ONNX Runtime's image and text graphs against the torch heads fed the torch backbones'
+    features, with the deterministic block and MC draws."""
+    model = load_model(pretrained_dir)
+    images = [load_image(r.path) for r in load_dataset(small_data).split("test").images[:3]]
+    for modality, inputs in (("image", images), ("text", CAPTIONS)):
+        encoder = OnnxEncoder(pretrained_dir, modality)
+        out = (encoder.encode_images if modality == "image" else encoder.encode_texts)(
+            inputs, mc_samples=3, seed=5
+        )
+        backbone = load_backbone(getattr(PRETRAINED, f"{modality}_backbone"), modality)
+        features = torch.from_numpy(backbone.encode(inputs))
+        heads = model.image_encoder if modality == "image" else model.text_encoder
+        with torch.no_grad():
+            mu, logvar = heads(features, torch.ones(1, len(inputs), sum(heads.mask_widths)))
+        np.testing.assert_allclose(out.mu, mu.numpy(), atol=1e-4)
+        np.testing.assert_allclose(out.logvar, logvar.numpy(), atol=1e-4)
+        assert out.mc_mu.shape == (3, len(inputs), 16)
+        assert np.abs(out.mc_mu - out.mu).max() > 1e-3  # the draws differ: MI is not zero
+
+
+def test_backbone_vectors_through_the_heads_equal_the_whole_path(pretrained_dir) -> None:
+    """A user who brings the backbone's vectors gets the whole path's embeddings and draws."""
+    image = Image.new("RGB", (80, 60), "orange")
+    for modality, inputs in (("image", [image]), ("text", CAPTIONS)):
+        whole = OnnxEncoder(pretrained_dir, modality)
+        heads = OnnxEncoder(pretrained_dir, modality, heads_only=True)
+        backbone = load_backbone(getattr(PRETRAINED, f"{modality}_backbone"), modality)
+        encode = whole.encode_images if modality == "image" else whole.encode_texts
+        expected = encode(inputs, mc_samples=4, seed=[7] * len(inputs))
+        got = heads.encode_features(backbone.encode(inputs), mc_samples=4, seed=[7] * len(inputs))
+        np.testing.assert_allclose(got.mu, expected.mu, atol=1e-4)
+        np.testing.assert_allclose(got.mc_mu, expected.mc_mu, atol=1e-4)
+        np.testing.assert_allclose(got.mc_logvar, expected.mc_logvar, rtol=1e-4, atol=1e-4)
+
+
+def test_heads_refuse_vectors_of_the_wrong_width(pretrained_dir) -> None:
+    heads = OnnxEncoder(pretrained_dir, "text", heads_only=True)
+    with pytest.raises(EncoderRuntimeError, match=r"must be \(N, 384\)"):
+        heads.encode_features(np.zeros((1, 512), np.float32))
+    with pytest.raises(EncoderRuntimeError, match="not an image encoder"):
+        OnnxEncoder(pretrained_dir, "image", heads_only=True).encode_images(
+            [Image.new("RGB", (8, 8))]
+        )
