@@ -90,6 +90,13 @@ def train(
     ] = None,
     resume: Annotated[bool, typer.Option(help="continue the run saved in --out")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    features: Annotated[
+        Path | None,
+        typer.Option(
+            help="folder of your own backbone vectors (images.npy + images.ids.txt, or "
+            "images.parquet with id and vector; the same for captions) to train the heads on"
+        ),
+    ] = None,
     **config: Any,
 ) -> None:
     """Train the encoders on DATA and write a model dir with ONNX encoders."""
@@ -107,8 +114,9 @@ def train(
     try:
         model_config, train_config = configs_from(config)
         result = run_training(
-            data, out, model_config, train_config, resume=resume, progress=progress, log=typer.echo
-        )
+            data, out, model_config, train_config, resume=resume, progress=progress,
+            log=typer.echo, features=features,
+        )  # fmt: skip
     except (ConfigError, DatasetError, TrainingDataError) as e:
         raise fail(str(e), EXIT_BAD_INPUT) from None
     except ExportError as e:

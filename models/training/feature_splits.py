@@ -4,14 +4,16 @@ that (models.backbones.feature_cache), so that an epoch trains only the heads.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from models.backbones.feature_cache import split_features
 from models.backbones.registry import Backbone, load_backbone
+from models.backbones.vector_files import read_vectors, vectors_of
 from models.datasets.records import PairedDataset, attribute_names, load_dataset
-from models.networks.model_config import ModelConfig
+from models.networks.model_config import ConfigError, ModelConfig
 from models.training.training_data import (
     SplitTensors,
     TrainingDataError,
@@ -21,11 +23,13 @@ from models.training.training_data import (
 
 
 def load_feature_splits(
-    data_dir: Path | str, config: ModelConfig
+    data_dir: Path | str, config: ModelConfig, vectors: Path | None = None
 ) -> tuple[SplitTensors, SplitTensors, ModelConfig, Backbone]:
     """The train and val splits as backbone features, the config with the backbones' widths
     (and the image backbone's input size) filled in, and the text backbone (its tokenizer
-    goes into the model dir)."""
+    goes into the model dir). With `vectors`, a folder of the user's own vectors
+    (models.backbones.vector_files), the features are read from there instead: vectors the
+    named backbones made, so that the exported whole path serves what the heads learnt."""
     dataset = load_dataset(data_dir)
     for name in ("train", "val"):
         if not dataset.split(name).captions:
@@ -36,8 +40,9 @@ def load_feature_splits(
     image = load_backbone(config.image_backbone, "image")
     text = load_backbone(config.text_backbone, "text")
     attributes = attribute_names(dataset.images)
+    features = _computed(dataset, image, text) if vectors is None else _read(vectors, image, text)
     train, val = (
-        _feature_tensors(dataset, name, image, text, attributes, with_plausible=name == "val")
+        _feature_tensors(dataset, name, features, attributes, with_plausible=name == "val")
         for name in ("train", "val")
     )
     config = config.replace(
@@ -49,20 +54,53 @@ def load_feature_splits(
     return train, val, config, text
 
 
+Features = Callable[[str, list[str], list[str]], tuple[np.ndarray, np.ndarray]]
+
+
+def _computed(dataset: PairedDataset, image: Backbone, text: Backbone) -> Features:
+    """Features of a split's images and captions (by id) from the backbones, cached."""
+
+    def features(split: str, image_ids: list[str], _: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids, images = split_features(dataset, split, "image", image.key, image.encode)
+        _, captions = split_features(dataset, split, "text", text.key, text.encode)
+        row_of = {image_id: row for row, image_id in enumerate(ids)}
+        return images[[row_of[i] for i in image_ids]], captions
+
+    return features
+
+
+def _read(folder: Path, image: Backbone, text: Backbone) -> Features:
+    """Features of a split's images and captions (by id) from the user's vector files."""
+    by_modality = {modality: read_vectors(folder, modality) for modality in ("image", "text")}
+    for backbone in (image, text):
+        width = len(next(iter(by_modality[backbone.modality].values()), []))
+        if width != backbone.dim:
+            raise ConfigError(
+                f"the {backbone.modality} vectors in {folder} have {width} values, but "
+                f"{backbone.key} gives {backbone.dim}: they must come from the named backbone"
+            )
+
+    def features(split: str, image_ids: list[str], caption_ids: list[str]):
+        return (
+            vectors_of(by_modality["image"], image_ids, f"{split} images"),
+            vectors_of(by_modality["text"], caption_ids, f"{split} captions"),
+        )
+
+    return features
+
+
 def _feature_tensors(
     dataset: PairedDataset,
     name: str,
-    image: Backbone,
-    text: Backbone,
+    features: Features,
     attributes: tuple[str, ...],
     with_plausible: bool,
 ) -> SplitTensors:
     split = dataset.split(name)
-    image_ids, image_features = split_features(dataset, name, "image", image.key, image.encode)
-    _, caption_features = split_features(dataset, name, "text", text.key, text.encode)
-    row_of = {image_id: row for row, image_id in enumerate(image_ids)}
     images = captioned_images(split)
-    pixels = image_features[[row_of[record.id] for record in images]]
+    pixels, caption_features = features(
+        name, [record.id for record in images], [c.id for c in split.captions]
+    )
     lengths = np.ones(len(caption_features), dtype=np.int64)
     return split_tensors(
         split, images, pixels, caption_features, lengths, attributes, with_plausible

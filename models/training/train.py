@@ -405,14 +405,19 @@ def _training_splits(
     model_config: ModelConfig,
     train_config: TrainConfig,
     resumed: bool,
+    features: Path | None = None,
 ) -> tuple[SplitTensors, SplitTensors, ModelConfig]:
     """The train and val splits and the config completed from the data; writes the model
     dir's tokenizer: the vocabulary built from the train captions (vocab.json, reused when
     resuming), or a pretrained text backbone's tokenizer.json."""
+    if features is not None and not model_config.pretrained:
+        raise ConfigError("--features trains heads on backbone vectors: name both backbones too")
     out_dir.mkdir(parents=True, exist_ok=True)
     if model_config.pretrained:
         _refuse_for_backbones(train_config)
-        train_split, val_split, model_config, text = load_feature_splits(data_dir, model_config)
+        train_split, val_split, model_config, text = load_feature_splits(
+            data_dir, model_config, features
+        )
         if text.tokenizer_file is not None:
             shutil.copyfile(text.tokenizer_file, out_dir / TOKENIZER_FILE)
         return train_split, val_split, model_config
@@ -501,6 +506,7 @@ def train(
     progress: bool = True,
     export: bool = True,
     log: Callable[[str], None] = tqdm.write,
+    features: Path | None = None,
 ) -> TrainResult:
     """Train on DATA_DIR and write OUT_DIR: model.json, checkpoint.pt (the epoch with the best
     validation score), vocab.json, history.json, last.pt and the two ONNX encoders.
@@ -511,12 +517,16 @@ def train(
     With `resume`, the model and training configs, vocabulary, weights, optimizer and epoch
     counter come from OUT_DIR/last.pt and training continues up to `train_config.epochs`;
     the result is bit-identical to an uninterrupted run on the same machine.
+
+    A model on pretrained backbones trains its heads on the backbones' features, computed once
+    and cached beside the dataset, or read from `features`, a folder of the user's own vectors
+    (models.training.feature_splits).
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     model_config, train_config, state = _start_state(out_dir, model_config, train_config, resume)
     with deterministic(train_config.seed):
         train_split, val_split, model_config = _training_splits(
-            data_dir, out_dir, model_config, train_config, resumed=state is not None
+            data_dir, out_dir, model_config, train_config, state is not None, features
         )
         device = pick_device()
         model = build_model(model_config).to(device)

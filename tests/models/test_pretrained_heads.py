@@ -150,3 +150,51 @@ def test_heads_refuse_vectors_of_the_wrong_width(pretrained_dir) -> None:
         OnnxEncoder(pretrained_dir, "image", heads_only=True).encode_images(
             [Image.new("RGB", (8, 8))]
         )
+
+
+def cached_vectors(data: Path, modality: str) -> tuple[list[str], np.ndarray]:
+    """The train and val vectors the feature cache holds for one modality."""
+    kind = "image" if modality == "image" else "text"
+    ids, rows = [], []
+    for path in sorted((data / "features").glob(f"*/*-{kind}.npz")):
+        with np.load(path) as stored:
+            ids += stored["ids"].tolist()
+            rows.append(stored["features"])
+    return ids, np.concatenate(rows)
+
+
+def test_heads_trained_on_a_users_parquet_vectors_equal_heads_trained_on_the_cache(
+    small_data, pretrained_dir, tmp_path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    for modality, stem in (("image", "images"), ("text", "captions")):
+        ids, vectors = cached_vectors(small_data, modality)
+        table = pa.table({"id": ids, "vector": [row.tolist() for row in vectors]})
+        pq.write_table(table, folder / f"{stem}.parquet")
+    quiet = {"progress": False, "export": False, "log": lambda line: None}
+    config = TrainConfig(epochs=1, patience=0, seed=3)
+    from_cache = train(small_data, tmp_path / "a", PRETRAINED, config, **quiet)
+    from_files = train(small_data, tmp_path / "b", PRETRAINED, config, features=folder, **quiet)
+    assert from_files.history[0]["loss"] == pytest.approx(from_cache.history[0]["loss"], rel=1e-5)
+    assert from_files.best_recalls == pytest.approx(from_cache.best_recalls)
+
+
+def test_missing_and_mismatched_vectors_are_refused(small_data, pretrained_dir, tmp_path) -> None:
+    ids, vectors = cached_vectors(small_data, "image")
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    np.save(folder / "images.npy", vectors[1:])
+    (folder / "images.ids.txt").write_text("\n".join(ids[1:]) + "\n")
+    caption_ids, captions = cached_vectors(small_data, "text")
+    np.save(folder / "captions.npy", captions[:, :100])
+    (folder / "captions.ids.txt").write_text("\n".join(caption_ids) + "\n")
+    quiet = {"progress": False, "export": False}
+    with pytest.raises(ConfigError, match=r"text vectors .* have 100 values"):
+        train(small_data, tmp_path / "m", PRETRAINED, QUICK, features=folder, **quiet)
+    np.save(folder / "captions.npy", captions)
+    with pytest.raises(ConfigError, match="1 train images have no vector"):
+        train(small_data, tmp_path / "m2", PRETRAINED, QUICK, features=folder, **quiet)
