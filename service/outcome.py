@@ -22,7 +22,7 @@ from models.scoring.query_scores import QueryScores, unfamiliar
 from models.scoring.rerank import RankedBatch
 from models.scoring.uncertainty import log_det
 
-QueryKind = Literal["text", "image", "embedding"]
+QueryKind = Literal["text", "image", "embedding", "vector"]  # vector: a backbone vector
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_REJECT_SCORE = "mutual_information"  # of a version that was never calibrated
 # NaN and infinities are written as null, as pydantic writes them

@@ -44,6 +44,7 @@ from service.pvse_search import check_max_pair, max_pair_scores, rank_max_pair
 _T = TypeVar("_T")
 # A text query searches the image gallery and an image query the caption gallery.
 GALLERY_OF_KIND: dict[str, str] = {"text": "image", "image": "text"}
+KIND_OF_GALLERY: dict[str, str] = {gallery: kind for kind, gallery in GALLERY_OF_KIND.items()}
 
 
 def default_shortlist(k: int) -> int:
@@ -81,6 +82,7 @@ class QueryInput:
     image_bytes: bytes | None = None
     mu: np.ndarray | None = None  # (D,) float32
     logvar: np.ndarray | None = None  # (D,) float32
+    features: np.ndarray | None = None  # (F,) float32, a backbone vector
 
     def query(
         self,
@@ -93,7 +95,8 @@ class QueryInput:
         decoded)."""
         return Query(
             self.kind, self.gallery, self.params, seed, text=self.text, image=image,
-            mu=self.mu, logvar=self.logvar, decode_ms=decode_ms, loaded=loaded,
+            mu=self.mu, logvar=self.logvar, features=self.features, decode_ms=decode_ms,
+            loaded=loaded,
         )  # fmt: skip
 
 
@@ -109,6 +112,7 @@ class Query:
     image: Image.Image | None = None
     mu: np.ndarray | None = None  # (D,)
     logvar: np.ndarray | None = None  # (D,)
+    features: np.ndarray | None = None  # (F,) a backbone vector, for the heads of `encoder_kind`
     decode_ms: float = 0.0  # spent decoding `image`, counted in the encode timing
     loaded: LoadedIndex | None = None  # the version it was pinned to; None: the current one
 
@@ -257,7 +261,7 @@ class Searcher:
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
         for position, query in enumerate(queries):
             if query.kind != "embedding":
-                groups[(query.kind, query.params.mc_samples)].append(position)
+                groups[(encoder_kind(query), query.params.mc_samples)].append(position)
         for (kind, _), positions in groups.items():
             try:
                 encoded.update(self._encode_group(kind, [queries[p] for p in positions], positions))
@@ -273,14 +277,23 @@ class Searcher:
         self, kind: str, queries: list[Query], positions: list[int]
     ) -> dict[int, Encoded]:
         encoder = self.encoders.get(kind)
+        if encoder is None and kind.startswith("vector-"):
+            raise ValueError(
+                "this model has no backbone whose vectors it could read: send mu and logvar"
+            )
         if encoder is None:
             raise IndexUnavailableError(f"no {kind} encoder is loaded")
         mc_samples, seeds = queries[0].params.mc_samples, [q.seed for q in queries]
         start = time.perf_counter()
         if kind == "text":
             out = encoder.encode_texts([q.text or "" for q in queries], mc_samples, seeds)
-        else:
+        elif kind == "image":
             out = encoder.encode_images([q.image for q in queries], mc_samples, seeds)
+        else:
+            vectors = [q.features for q in queries]
+            if len({len(v) for v in vectors}) > 1:  # type: ignore[arg-type]
+                raise ValueError("backbone vectors of different widths cannot share a batch")
+            out = encoder.encode_features(np.stack(vectors), mc_samples, seeds)  # type: ignore[arg-type]
         encode_ms = 1000 * (time.perf_counter() - start)
         return {
             position: Encoded(
@@ -497,6 +510,14 @@ def _version_key(query: Query) -> tuple[str, int]:
 def _scoring_key(plan: _Plan) -> tuple[str, int, bool]:
     """Queries scored by one models.scoring call share their metric and draws (count and kind)."""
     return plan.metric, _draw_count(plan.encoded), plan.encoded.identical_draws
+
+
+def encoder_kind(query: Query) -> str:
+    """The encoder a query is embedded by: its kind's, or for a backbone vector the heads of
+    the modality its gallery is searched by ("vector-text" for the image gallery)."""
+    if query.kind != "vector":
+        return query.kind
+    return f"vector-{KIND_OF_GALLERY[query.gallery]}"
 
 
 def _draw_count(enc: Encoded) -> int:

@@ -123,7 +123,9 @@ class OnnxEncoder:
         self.config = ModelConfig.load(self.model_dir)
         self.embed_dim = self.config.embed_dim
         self.batch_size = batch_size
-        if heads_only and not self.config.pretrained:
+        # Read once: a query then calls nothing of model_config (docs/design.md section 9).
+        self.pretrained = self.config.pretrained
+        if heads_only and not self.pretrained:
             raise EncoderRuntimeError(
                 f"{model_dir} has no backbone: its encoders take images and captions only"
             )
@@ -154,7 +156,7 @@ class OnnxEncoder:
     @property
     def feature_dim(self) -> int:
         """Width of the backbone vectors encode_features takes (0 without a backbone)."""
-        return self.config.backbone_dim(self.modality) if self.config.pretrained else 0
+        return self.config.backbone_dim(self.modality) if self.pretrained else 0
 
     def encode_features(
         self, features: np.ndarray, mc_samples: int = 0, seed: Seeds = 0
@@ -178,7 +180,7 @@ class OnnxEncoder:
             raise EncoderRuntimeError(
                 "this is not a caption encoder; load one with modality='text'"
             )
-        if self.config.pretrained:
+        if self.pretrained:
             ids, attention = caption_tokens(self.tokenizer, texts)
             masks = self._masks(item_generators(seed, len(texts)), "dropout_masks", mc_samples)
             feeds = {"input_ids": ids, "attention_mask": attention, "dropout_masks": masks}
@@ -207,7 +209,7 @@ class OnnxEncoder:
                 "this is not an image encoder; load one with modality='image'"
             )
         masks = self._masks(item_generators(seed, len(images)), "dropout_masks", mc_samples)
-        if self.config.pretrained:
+        if self.pretrained:
             pixels = _uint8_pixels(images, self.config.image_size, self._pixel_type)
             return self._run({"pixels": pixels, "dropout_masks": masks}, len(images), mc_samples)
         pixels = images_to_array(images, self.config)  # (N, 3, H, W)

@@ -45,13 +45,12 @@ from service.image_decode import (
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
 from service.redis_health import RedisHealth
-from service.searcher import GALLERY_OF_KIND, Searcher
+from service.searcher import GALLERY_OF_KIND, KIND_OF_GALLERY, Searcher
 from service.services import Services
 
 log = logging.getLogger(__name__)
 
 # The query encoder each gallery needs: the image gallery is searched with text, and back.
-ENCODER_FOR_GALLERY = {gallery: kind for kind, gallery in GALLERY_OF_KIND.items()}
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -147,9 +146,13 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
     log.info("thread budget: %d per pool (torch, ONNX Runtime, FAISS)", threads.intra_op)
     encoders = {}
     for gallery in settings.galleries:
-        kind = ENCODER_FOR_GALLERY[gallery]
+        kind = KIND_OF_GALLERY[gallery]
         encoders[kind] = OnnxEncoder(settings.model, kind, device=settings.device, threads=threads)
         metrics.onnx_provider.labels(encoder=kind, provider=encoders[kind].provider).set(1)
+        if config.pretrained:  # backbone vectors sent to /search/embedding
+            encoders[f"vector-{kind}"] = OnnxEncoder(
+                settings.model, kind, device=settings.device, threads=threads, heads_only=True
+            )
     holder = IndexHolder(
         settings.index_root,
         settings.galleries,

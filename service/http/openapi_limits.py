@@ -36,7 +36,7 @@ def install_openapi_limits(app: FastAPI, settings: Settings) -> None:
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
         add_body_schemas(schema)
-        apply_limits(schema, settings, _embedding_dim(settings))
+        apply_limits(schema, settings, _model_config(settings))
         services = getattr(app.state, "services", None)
         if services is not None:
             apply_metrics(schema, _served_metrics(services))
@@ -45,8 +45,12 @@ def install_openapi_limits(app: FastAPI, settings: Settings) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def apply_limits(schema: dict[str, Any], settings: Settings, dim: int | None) -> None:
-    """Write the settings' limits into the search request bodies of an OpenAPI schema."""
+def apply_limits(
+    schema: dict[str, Any], settings: Settings, config: ModelConfig | None = None
+) -> None:
+    """Write the settings' limits (and the model's widths) into the search request bodies of
+    an OpenAPI schema."""
+    dim = config.embed_dim if config is not None else None
     for path in SEARCH_PATHS:
         operation = schema["paths"].get(path, {}).get("post")
         if operation is None:
@@ -55,6 +59,8 @@ def apply_limits(schema: dict[str, Any], settings: Settings, dim: int | None) ->
             body = _resolve(schema, media["schema"])
             _limit_options(body["properties"], settings, form=content_type.startswith("multi"))
             _limit_payload(body["properties"], settings, dim)
+            if "features" in body["properties"]:
+                _limit_vectors(body, config)
 
 
 def apply_metrics(schema: dict[str, Any], metrics: dict[str, list[str]]) -> None:
@@ -100,6 +106,30 @@ def _limit_payload(props: dict[str, Any], settings: Settings, dim: int | None) -
         _constrain(props, name, **length)
 
 
+def _limit_vectors(body: dict[str, Any], config: ModelConfig | None) -> None:
+    """Backbone vectors: refused by a model without backbones, so the schema then offers
+    mu and logvar only; else a caption's vector (to search the image gallery) and an image's
+    (the caption gallery) each have their backbone's width."""
+    if config is None or not config.pretrained:
+        body["properties"].pop("features")
+        body["oneOf"] = [{"required": ["mu", "logvar"]}]
+        return
+    vectors = [
+        {
+            "required": ["features", "gallery"],
+            "properties": {
+                "gallery": {"const": gallery},
+                "features": {
+                    "minItems": config.backbone_dim(kind),
+                    "maxItems": config.backbone_dim(kind),
+                },
+            },
+        }
+        for gallery, kind in (("image", "text"), ("text", "image"))
+    ]
+    body["oneOf"] = [{"required": ["mu", "logvar"]}, *vectors]
+
+
 def _constrain(props: dict[str, Any], name: str, **keywords: Any) -> None:
     """Add JSON Schema keywords to property `name` (to its non-null branch if nullable)."""
     if name not in props:
@@ -118,9 +148,10 @@ def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return schema["components"]["schemas"][name]
 
 
-def _embedding_dim(settings: Settings) -> int | None:
-    """The model's embedding dimension (every gallery's D), or None without a readable model."""
+def _model_config(settings: Settings) -> ModelConfig | None:
+    """The served model's config (its embedding dimension, every gallery's D, and its
+    backbones' widths), or None without a readable model."""
     try:
-        return ModelConfig.load(settings.model).embed_dim
+        return ModelConfig.load(settings.model)
     except (ConfigError, OSError, ValueError):
         return None

@@ -3,7 +3,14 @@ is declared in service.outcome)."""
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 from models.distance.gaussian import METRICS
 
@@ -49,6 +56,8 @@ def _bounded(name: str, limit: float) -> Any:
 
 MuValue = _bounded("mu", MU_LIMIT)
 LogvarValue = _bounded("logvar", LOGVAR_LIMIT)
+FEATURE_LIMIT = 1e4  # a backbone vector's values; ImageNet and sentence features are far inside
+FeatureValue = _bounded("features", FEATURE_LIMIT)
 
 
 class SearchOptions(BaseModel):
@@ -99,15 +108,42 @@ class ImageSearchRequest(SearchOptions):
 
 
 class EmbeddingSearchRequest(SearchOptions):
-    """POST /search/embedding: a Gaussian computed by the caller's own encoder."""
+    """POST /search/embedding: either a Gaussian computed by the caller's own encoder (mu and
+    logvar), or the vector of the model's own backbone (features), which the service's heads
+    turn into a Gaussian with MC draws like any caption or image query."""
 
-    mu: list[MuValue] = Field(  # type: ignore[valid-type]
-        min_length=1, description=f"Mean, length D of the index; |values| <= {MU_LIMIT:g}."
+    # Each field may be left out, never null: the schema's oneOf says which go together.
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"oneOf": [{"required": ["mu", "logvar"]}, {"required": ["features"]}]},
     )
-    logvar: list[LogvarValue] = Field(  # type: ignore[valid-type]
-        min_length=1, description=f"ln sigma^2, length D; |values| <= {LOGVAR_LIMIT:g}."
+
+    mu: list[MuValue] = Field(  # type: ignore[valid-type,assignment]
+        None,
+        min_length=1,
+        description=f"Mean, length D of the index; |values| <= {MU_LIMIT:g}. With logvar.",
+    )
+    logvar: list[LogvarValue] = Field(  # type: ignore[valid-type,assignment]
+        None, min_length=1, description=f"ln sigma^2, length D; |values| <= {LOGVAR_LIMIT:g}."
+    )
+    features: list[FeatureValue] = Field(  # type: ignore[valid-type,assignment]
+        None,
+        min_length=1,
+        description="Instead of mu and logvar: the backbone vector of a caption (to search the "
+        "image gallery) or of an image (to search the caption gallery), for a model on "
+        "pretrained backbones (GET /v1/config: feature_dims).",
     )
     gallery: Gallery = Field(description="Which gallery to search.")
+
+    @model_validator(mode="after")
+    def _one_query(self) -> "EmbeddingSearchRequest":
+        gaussian = self.mu is not None or self.logvar is not None
+        if gaussian == (self.features is not None):
+            raise ValueError("send either mu and logvar, or features")
+        if gaussian and (self.mu is None or self.logvar is None):
+            raise ValueError("mu and logvar go together")
+        return self
 
 
 class ErrorResponse(BaseModel):

@@ -82,15 +82,28 @@ async def search_embedding(request: Request, services: ServicesDep) -> Response:
     """Search a gallery with a Gaussian (mu, logvar) computed by the caller's own encoder."""
     start = time.perf_counter()
     body = await read_json_request(request, EmbeddingSearchRequest)
-    mu, logvar = _embedding(body, services.settings.max_embedding_dim)
     params = services.searcher.params(body.gallery, **body.options())
-    identity = {"mu": body.mu, "logvar": body.logvar}
-    ask = QueryInput("embedding", body.gallery, params, identity, mu=mu, logvar=logvar)
+    if body.features is not None:
+        features = _vector(body.features, services.settings.max_embedding_dim)
+        identity = {"features": body.features}
+        ask = QueryInput("vector", body.gallery, params, identity, features=features)
+    else:
+        mu, logvar = _embedding(body, services.settings.max_embedding_dim)
+        identity = {"mu": body.mu, "logvar": body.logvar}
+        ask = QueryInput("embedding", body.gallery, params, identity, mu=mu, logvar=logvar)
     return _respond(await answer(services, ask, start))
+
+
+def _vector(values: list[float], max_dim: int) -> np.ndarray:
+    """A backbone vector as float32 (its width is checked by the heads that read it)."""
+    if len(values) > max_dim:
+        raise InvalidQueryError(f"features has {len(values)} values; the limit is {max_dim}")
+    return np.asarray(values, np.float32)
 
 
 def _embedding(body: EmbeddingSearchRequest, max_dim: int) -> tuple[np.ndarray, np.ndarray]:
     """mu and logvar as float32 arrays, after the checks the schema cannot express."""
+    assert body.mu is not None and body.logvar is not None
     if len(body.mu) != len(body.logvar):
         raise InvalidQueryError(
             f"mu has {len(body.mu)} values and logvar {len(body.logvar)}; they must match"
