@@ -3,6 +3,8 @@ graph shaped like a backbone (models.backbones.onnx_backbone) by its path."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +15,7 @@ from torch import nn
 
 from models.backbones.feature_cache import weights_fingerprint
 from models.networks.model_config import TOKENIZER_FILE, ConfigError
+from models.threads import ThreadBudget
 
 Modality = Literal["image", "text"]
 SHIPPED = {"image": "efficientnet-lite0", "text": "all-minilm-l6-v2"}
@@ -40,6 +43,27 @@ class Backbone:
         with torch.inference_mode():
             out = self.runner.encode(batch)
         return out.float().numpy() if isinstance(out, torch.Tensor) else out
+
+    def onnx_runner(self, threads: int) -> Callable[[list], np.ndarray]:
+        """`encode` run by ONNX Runtime on `threads` threads: for many inputs (a split's
+        features), where it is about 2x faster than torch on 2 CPU cores. A shipped backbone
+        is exported to a temporary file first (a few seconds, parity-checked)."""
+        from models.backbones.onnx_backbone import OnnxBackbone, export_backbone
+
+        if self.module is None:
+            return self.runner.encode
+        with tempfile.TemporaryDirectory(prefix="probsearch-backbone-") as folder:
+            example = ["a caption", "another one"] if self.modality == "text" else [_grey()]
+            path = export_backbone(self.module, Path(folder) / "backbone.onnx", example)
+            tokenizer = getattr(self.module, "tokenizer", None)
+            runner = OnnxBackbone(path, tokenizer=tokenizer, threads=ThreadBudget(threads))
+        return runner.encode
+
+
+def _grey():
+    from PIL import Image
+
+    return Image.new("RGB", (224, 224), (128, 128, 128))
 
 
 def load_backbone(spec: str, modality: Modality) -> Backbone:

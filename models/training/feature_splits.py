@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from models.backbones.feature_cache import split_features
 from models.backbones.registry import Backbone, load_backbone
@@ -58,15 +59,29 @@ Features = Callable[[str, list[str], list[str]], tuple[np.ndarray, np.ndarray]]
 
 
 def _computed(dataset: PairedDataset, image: Backbone, text: Backbone) -> Features:
-    """Features of a split's images and captions (by id) from the backbones, cached."""
+    """Features of a split's images and captions (by id) from the backbones, cached; a cache
+    miss runs the backbone with ONNX Runtime on torch's thread count (the command's budget)."""
+    encode_image, encode_text = (_on_first_miss(backbone) for backbone in (image, text))
 
     def features(split: str, image_ids: list[str], _: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids, images = split_features(dataset, split, "image", image.key, image.encode)
-        _, captions = split_features(dataset, split, "text", text.key, text.encode)
+        ids, images = split_features(dataset, split, "image", image.key, encode_image)
+        _, captions = split_features(dataset, split, "text", text.key, encode_text)
         row_of = {image_id: row for row, image_id in enumerate(ids)}
         return images[[row_of[i] for i in image_ids]], captions
 
     return features
+
+
+def _on_first_miss(backbone: Backbone) -> Callable[[list], np.ndarray]:
+    """backbone.onnx_runner, made when the first batch needs it (never, on a cache hit)."""
+    runner: list[Callable[[list], np.ndarray]] = []
+
+    def encode(batch: list) -> np.ndarray:
+        if not runner:
+            runner.append(backbone.onnx_runner(torch.get_num_threads()))
+        return runner[0](batch)
+
+    return encode
 
 
 def _read(folder: Path, image: Backbone, text: Backbone) -> Features:

@@ -198,3 +198,13 @@ def test_missing_and_mismatched_vectors_are_refused(small_data, pretrained_dir, 
     np.save(folder / "captions.npy", captions)
     with pytest.raises(ConfigError, match="1 train images have no vector"):
         train(small_data, tmp_path / "m2", PRETRAINED, QUICK, features=folder, **quiet)
+
+
+@pytest.mark.parametrize("modality", ["image", "text"])
+def test_the_onnx_runner_of_a_shipped_backbone_gives_its_features(modality) -> None:
+    """What fills the feature cache (ONNX Runtime) against the torch backbone."""
+    backbone = load_backbone(getattr(PRETRAINED, f"{modality}_backbone"), modality)
+    inputs = [Image.new("RGB", (300, 200), "navy"), Image.new("RGB", (50, 50), "gold")]
+    inputs = inputs if modality == "image" else CAPTIONS
+    fast = backbone.onnx_runner(threads=1)(inputs)
+    np.testing.assert_allclose(fast, backbone.encode(inputs), rtol=1e-3, atol=1e-3)
