@@ -45,7 +45,11 @@ def demo(
         ".cache/demo"
     ),
     serve: Annotated[bool, typer.Option(help="Serve after building (--no-serve: stop).")] = True,
-    small: Annotated[bool, typer.Option(help="A reduced build (CI, a quick look).")] = False,
+    shapes: Annotated[
+        bool,
+        typer.Option(help="The shapes lab (exact ambiguity ground truth) instead of clip art."),
+    ] = False,
+    small: Annotated[bool, typer.Option(help="A reduced shapes build (CI, a quick look).")] = False,
     examples_only: Annotated[
         bool, typer.Option(help="Stop after the example queries instead of serving on.")
     ] = False,
@@ -53,13 +57,21 @@ def demo(
     port: Annotated[int | None, typer.Option(help="Port (PROBSEARCH_PORT), 0: any.")] = None,
     redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
 ) -> None:
-    """Build (or reuse) the shapes data, model, indexes and calibration, then serve on :8000."""
+    """Build (or reuse) the data, model, indexes and calibration, then serve on :8000: clip art
+    searched with heads on pretrained backbones, or with --shapes the shapes lab."""
     import httpx
 
     from indexer.threads import apply_thread_budget
-    from models.threads import thread_budget
+    from models.threads import available_cpus, thread_budget
     from probsearch.background_server import BackgroundServer
-    from probsearch.demo import SMALL_PLAN, DemoPlan, build_demo, redis_answering, run_examples
+    from probsearch.demo import (
+        CLIPART_PLAN,
+        SHAPES_PLAN,
+        SMALL_PLAN,
+        build_demo,
+        redis_answering,
+        run_examples,
+    )
 
     try:
         settings = settings_from({"host": host, "port": port, "redis_url": redis_url})
@@ -69,8 +81,11 @@ def demo(
         else:
             typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
             url = None
-        threads = apply_thread_budget(thread_budget("batch", settings.threads))
-        plan = SMALL_PLAN if small else DemoPlan()
+        plan = SMALL_PLAN if small else SHAPES_PLAN if shapes else CLIPART_PLAN
+        # The clip-art build runs the backbones over every drawing, the only work on the
+        # machine while it builds: it takes every core unless PROBSEARCH_THREADS says otherwise.
+        cores = available_cpus() if plan.dataset == "clipart" else None
+        threads = apply_thread_budget(thread_budget("batch", settings.threads or cores))
         paths = build_demo(cache_dir.resolve(), plan, url, threads=threads)
         if not serve:
             return

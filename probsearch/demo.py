@@ -1,9 +1,11 @@
 """`probsearch demo`: build (or reuse) data, model, indexes and calibration, then serve.
 
-Every stage writes into one cache dir and is skipped when its output is already there for the
-same plan, so a second run only activates and serves:
+By default the data is Debian's clip art and the model heads on the pretrained backbones
+(CLIPART_PLAN); `--shapes` builds the shapes lab instead, whose captions have exact ambiguity
+ground truth (SHAPES_PLAN). Every stage writes into one cache dir and is skipped when its
+output is already there for the same plan, so a second run only activates and serves:
 
-    <cache>/data/       shapes dataset              (probsearch data shapes)
+    <cache>/data/       the dataset                 (probsearch data clipart | shapes)
     <cache>/model/      trained model + ONNX        (probsearch train)
     <cache>/indexes/    image and caption galleries (probsearch reindex, the test split)
     <cache>/demo.json   each stage done, with the plan fields it was built for
@@ -22,6 +24,8 @@ import redis
 from indexer.calibration import CalibrationJob, Target, run_calibration
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
+from models.datasets.clipart import DATASET_NAME as CLIPART_NAME
+from models.datasets.clipart import LIBRARY, write_clipart
 from models.datasets.photos import write_photos
 from models.datasets.records import (
     CaptionRecord,
@@ -63,9 +67,12 @@ DEMO_TRUNK = {
 
 @dataclass(frozen=True)
 class DemoPlan:
-    """Sizes of the demo build; a change of plan rebuilds everything after the changed stage."""
+    """Sizes of the demo build; a change of plan rebuilds everything after the changed stage.
+    The defaults are the shapes lab's (SHAPES_PLAN); CLIPART_PLAN is the demo's default."""
 
-    images: int = 2500
+    dataset: str = "shapes"  # or "clipart"
+    library: str = ""  # clip art: the SVG library ("" = Debian's openclipart-svg)
+    images: int = 2500  # shapes
     epochs: int = 20  # at most; training stops when validation has not improved for `patience`
     patience: int = 5
     embed_dim: int = 32
@@ -77,9 +84,14 @@ class DemoPlan:
     mc_samples: int = 16 if DEMO_TRUNK["dropout"] > 0 else 2
 
 
+SHAPES_PLAN = DemoPlan()
 SMALL_PLAN = DemoPlan(
     images=300, epochs=2, patience=0, embed_dim=16, metrics=("w2", "kl", "min_kl")
 )
+# Heads on the pretrained backbones, trained on cached features: the budget of
+# docs/results-clipart-backbones.md (at most 60 epochs, patience 10), MC dropout in the heads.
+CLIPART_PLAN = DemoPlan(dataset="clipart", epochs=60, patience=10, embed_dim=256, mc_samples=16)
+BACKBONES = {"image_backbone": "efficientnet-lite0", "text_backbone": "all-minilm-l6-v2"}
 
 # Each caption ranks its image above the image re-rendered with one shape swapped
 # (models.datasets.counterfactuals), at this weight: single-object P@1 41.9 +- 6.1 -> 57.5 +-
@@ -116,6 +128,26 @@ DEMO_ATTRIBUTES = 100.0
 
 
 def demo_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
+    """The recipe of the plan's dataset (clipart_model or shapes_model)."""
+    return clipart_model(plan) if plan.dataset == "clipart" else shapes_model(plan)
+
+
+def clipart_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
+    """gcie-spread on the pretrained backbones (docs/results-clipart-backbones.md): means from
+    the hinge loss on cosine, each variance fitted to the spread of the item's plausible
+    matches, with the batch and learning rate chosen on val for the heads."""
+    model = ModelConfig(
+        model_type="gcie", metric="cosine", embed_dim=plan.embed_dim, variance_reads_only=True,
+        name="probsearch-clipart", **BACKBONES,
+    )  # fmt: skip
+    training = TrainConfig(
+        epochs=plan.epochs, patience=plan.patience, variance_objective="spread",
+        batch_size=128, lr=1e-3, seed=plan.seed,
+    )  # fmt: skip
+    return model, training
+
+
+def shapes_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
     """The recipe docs/results.md found best (gcie-spread): means from the hinge loss on
     cosine, each variance fitted to the spread of the item's plausible matches; with the
     image trunk that recipe_seeds.md found better (DEMO_TRUNK), synthetic outliers,
@@ -174,7 +206,7 @@ def redis_answering(url: str | None) -> bool:
 
 # Each stage depends on its own plan fields and on every stage before it.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("data", ("images", "seed")),
+    ("data", ("dataset", "library", "images", "seed")),
     ("model", ("epochs", "patience", "embed_dim")),
     ("indexes", ("metrics",)),
     ("calibration", ("target_coverage", "mc_samples")),
@@ -216,15 +248,22 @@ def _save_state(paths: DemoPaths, keys: dict[str, Any], done: dict[str, Any]) ->
 
 
 def _build_data(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads) -> bool:
+    if plan.dataset == "clipart":
+        library = plan.library or LIBRARY
+        say(f"[1/4] rendering the clip art of {library} into {paths.data}")
+        write_clipart(paths.data, library=library, overwrite=True)
+        return True
     say(f"[1/4] generating {plan.images} shapes images into {paths.data}")
     generate_shapes(paths.data, plan.images, seed=plan.seed, overwrite=True)
     return True
 
 
 def _build_model(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads) -> bool:
-    say(f"[2/4] training a gcie model (at most {plan.epochs} epochs) into {paths.model}")
+    model, training = demo_model(plan)
+    what = "heads on the pretrained backbones" if model.pretrained else "a gcie model"
+    say(f"[2/4] training {what} (at most {plan.epochs} epochs) into {paths.model}")
     shutil.rmtree(paths.model, ignore_errors=True)  # a stale model of an older plan
-    train(paths.data, paths.model, *demo_model(plan))
+    train(paths.data, paths.model, model, training)
     return True
 
 
@@ -314,6 +353,7 @@ class DemoExamples:
     labels: dict[str, list[str]]  # image id -> its "<colour> <shape>" labels
     photos: list[Path]
     image_by_id: dict[str, ImageRecord]  # every test image by id, to judge answers
+    clipart: bool = False
 
     def plausible(self, caption_id: str, image_id: str) -> bool:
         """Whether the image holds everything the caption names, sizes and counts included
@@ -336,6 +376,7 @@ def load_examples(paths: DemoPaths) -> DemoExamples:
         labels={im.id: list(im.labels) for im in test.images},
         photos=sorted(photos_dir.glob("*-full.png")),
         image_by_id={im.id: im for im in test.images},
+        clipart=test.meta.get("name") == CLIPART_NAME,
     )
 
 
@@ -367,8 +408,9 @@ def run_examples(http: Any, url: str, paths: DemoPaths, say: Say) -> None:
     say(f"\n# image -> captions (upload)\ncurl -s {url}/search/image -F image=@{image} -F k=3"
         f"\n  {_describe_captions(body)}")  # fmt: skip
     photo, body = _first_upload(http, url, examples.photos, rejected=True)
+    known = "drawings" if examples.clipart else "shapes"
     say(
-        f"\n# a photograph: nothing like the shapes it knows, so it should be rejected\n"
+        f"\n# a photograph: nothing like the {known} it knows, so it should be rejected\n"
         f"curl -s {url}/search/image -F image=@{photo} -F k=3\n  {_describe_captions(body)}"
     )
 
