@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from models.cli import CONFIGS, app, configs_from, option_fields, with_config_options
 from models.networks.model_config import ModelConfig, TrainConfig
 
-OWN_OPTIONS = {"data", "out", "resume", "progress"}  # train's options that are no config field
+# train's options that are no config field
+OWN_OPTIONS = {"data", "out", "resume", "progress", "features"}
 
 
 def train_command(application: typer.Typer) -> Any:
@@ -37,7 +38,8 @@ def option_problems(command: Any, configs: tuple[type, ...]) -> list[str]:
 
 def test_train_offers_every_option_field_as_it_is() -> None:
     assert option_problems(train_command(app), CONFIGS) == []
-    assert len([f for config in CONFIGS for f, _ in option_fields(config)]) == 36
+    # 36, then the two backbones and the heads' width
+    assert len([f for config in CONFIGS for f, _ in option_fields(config)]) == 39
 
 
 def test_an_option_missing_from_the_dataclasses_fails_the_check() -> None:
