@@ -49,18 +49,24 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="the reduced plan (--small)")
     parser.add_argument("--shapes", action="store_true", help="the shapes lab (--shapes)")
     parser.add_argument("--out", type=Path, help="default: results/demo_build[_clipart].md")
+    parser.add_argument(
+        "--cache-dir", type=Path, help="an empty dir to build into and keep (default: a temp dir)"
+    )
     args = parser.parse_args()
     flags = ["--small"] * args.small + ["--shapes"] * args.shapes
     name = "demo_build.md" if flags else "demo_build_clipart.md"
     args.out = args.out or ROOT / "benchmarks" / "results" / name
     command = " ".join([".venv/bin/python benchmarks/demo_build.py", *sys.argv[1:]])
     load = os.getloadavg()[0]
-    cache = Path(tempfile.mkdtemp(prefix="demo-build-"))
+    if args.cache_dir is not None and args.cache_dir.exists() and any(args.cache_dir.iterdir()):
+        parser.error(f"{args.cache_dir} is not empty: the first build needs an empty dir")
+    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="demo-build-"))
     try:
         stages, total = timed_build(cache, flags)
         epochs = json.loads((cache / "model" / "history.json").read_text())
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if args.cache_dir is None:
+            shutil.rmtree(cache, ignore_errors=True)
     seconds = [round(e["seconds"], 1) for e in epochs]
     lines = [
         "# The demo's first build",
