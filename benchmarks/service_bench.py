@@ -344,7 +344,7 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
     then the comparison cells in rounds, their servers all up and taking turns."""
     logs = args.work_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    art = demo_artifacts(args.demo_dir, args.quick)
+    art = demo_artifacts(args.demo_dir, args.quick, args.plan)
     unique = list(dict.fromkeys(cell for cells in plan.values() for cell in cells))
     compared = [c for c in unique if any(c in plan.get(n, []) for n in COMPARED)]
     compared = compared if args.rounds else []
@@ -564,6 +564,10 @@ def parse_args() -> argparse.Namespace:
         "--quick", action="store_true", help="smoke run: the small demo plan, 1 s cells, c=1,16"
     )
     parser.add_argument(
+        "--plan", choices=("shapes", "clipart"), default="shapes",
+        help="the demo served: the shapes lab, or clip art with heads on pretrained backbones",
+    )  # fmt: skip
+    parser.add_argument(
         "--scenarios",
         default=DEFAULT_SCENARIOS,
         help=f"comma-separated of {', '.join(SCENARIOS)}, or all",
@@ -652,7 +656,8 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     args.scenarios = [s for s in SCENARIOS if s in chosen]
     if args.demo_dir is None:
-        args.demo_dir = args.work_dir / ("small" if quick else "full")
+        name = "clipart" if args.plan == "clipart" else "small" if quick else "full"
+        args.demo_dir = args.work_dir / name
     args.command = shlex.join([Path(sys.executable).name, *sys.argv])
     return args
 

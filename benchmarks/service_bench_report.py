@@ -339,8 +339,7 @@ def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start,
         f"- {gpu_line()}",
         f"- load average (1/5/15 min) at start: {' / '.join(f'{x:.2f}' for x in load_start)};"
         f" at end: {' / '.join(f'{x:.2f}' for x in load_end)}; wall time {wall_s / 60:.1f} min",
-        f"- artifacts: demo build in `{args.demo_dir}`"
-        f" ({'SMALL_PLAN' if args.quick else 'DemoPlan()'})",
+        f"- artifacts: demo build in `{args.demo_dir}` ({_plan_name(args)})",
         f"- each server: {args.server_warmup:g} s of unmeasured load (text, image, embedding;"
         " 16 draws, c=4) after it is ready and before its first cell",
         f"- cells: {args.warmup:g} s warm-up, then {args.duration:g} s measured (open loop:"
@@ -400,3 +399,10 @@ def write_report(args, plan: dict[str, list[Cell]], state: RunState, load_start,
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out}")
+
+
+def _plan_name(args) -> str:
+    """The demo plan the artifacts were built with (probsearch.demo)."""
+    if getattr(args, "plan", "shapes") == "clipart":
+        return "CLIPART_PLAN: clip art, heads on the pretrained backbones"
+    return "SMALL_PLAN" if args.quick else "SHAPES_PLAN"

@@ -148,13 +148,14 @@ class Artifacts:
     gallery_logvar: np.ndarray
 
 
-def demo_artifacts(demo_dir: Path, quick: bool) -> Artifacts:
-    """Build (or reuse) the demo's data, model and calibrated indexes in demo_dir."""
+def demo_artifacts(demo_dir: Path, quick: bool, plan_name: str = "shapes") -> Artifacts:
+    """Build (or reuse) the demo's data, model and calibrated indexes in demo_dir: the shapes
+    lab (SMALL_PLAN when quick) or the clip-art demo on the pretrained backbones."""
     from indexer.registry import ActiveRegistry
     from models.threads import configure_torch_threads
-    from probsearch.demo import SMALL_PLAN, DemoPlan, build_demo
+    from probsearch.demo import CLIPART_PLAN, SHAPES_PLAN, SMALL_PLAN, build_demo
 
-    plan = SMALL_PLAN if quick else DemoPlan()
+    plan = CLIPART_PLAN if plan_name == "clipart" else SMALL_PLAN if quick else SHAPES_PLAN
     configure_torch_threads()  # as `probsearch demo` does
     paths = build_demo(demo_dir, plan, None, say=lambda line: print(line, flush=True))
     registry = ActiveRegistry(paths.index_root, None)
