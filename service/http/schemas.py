@@ -132,7 +132,7 @@ class EmbeddingSearchRequest(SearchOptions):
         min_length=1,
         description="Instead of mu and logvar: the backbone vector of a caption (to search the "
         "image gallery) or of an image (to search the caption gallery), for a model on "
-        "pretrained backbones (GET /v1/config: feature_dims).",
+        "pretrained backbones; its width is the backbone's (the served OpenAPI schema says it).",
     )
     gallery: Gallery = Field(description="Which gallery to search.")
 
