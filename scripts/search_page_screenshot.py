@@ -25,6 +25,15 @@ FLAGS = (
 )  # fmt: skip
 
 
+def headless_chromium(window: tuple[int, int], chromium: str, driver: str) -> webdriver.Chrome:
+    """Debian's Chromium, headless, driven by its chromedriver (the browser test uses it too)."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*FLAGS, f"--window-size={window[0]},{window[1]}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -35,11 +44,8 @@ def main() -> None:
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
         raise SystemExit("needs Debian's chromium and chromium-driver (scripts/bootstrap.sh)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (*FLAGS, f"--window-size={args.size}"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(driver), options=options)
+    width, height = (int(x) for x in args.size.split(","))
+    browser = headless_chromium((width, height), chromium, driver)
     try:
         browser.get(f"{args.url}/")
         wait = WebDriverWait(browser, 60)

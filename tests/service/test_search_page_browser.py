@@ -6,13 +6,12 @@ $SEARCH_PAGE_SCREENSHOTS when set (docs/img/search-page.png in README.md is one)
 import math
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -21,6 +20,11 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from indexer.store import open_version
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from search_page_screenshot import headless_chromium
+
 from tests.service.conftest import (
     Artifacts,
     ServerThread,
@@ -31,11 +35,6 @@ from tests.service.conftest import (
 
 CAPTION = "a big red circle and a small blue square"
 WIDE, NARROW = (1280, 1000), (390, 844)
-CHROME_FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-    "--force-device-scale-factor=1", "--lang=en-US", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)  # fmt: skip
 
 
 def browser_binaries() -> tuple[str, str]:
@@ -52,12 +51,7 @@ def browser_binaries() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
-    chromium, driver = browser_binaries()
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (*CHROME_FLAGS, f"--window-size={WIDE[0]},{WIDE[1]}"):
-        options.add_argument(flag)
-    chrome = webdriver.Chrome(service=Service(driver), options=options)
+    chrome = headless_chromium(WIDE, *browser_binaries())
     try:
         yield chrome
     finally:
