@@ -28,6 +28,8 @@ from models.networks.preprocess import resize_to_uint8
 from models.onnx.encoder_runtime import choose_providers, session_options
 from models.threads import ThreadBudget
 
+# |ORT - torch| / (1 + |torch|): EfficientNet's features reach 40 or more (a black image), where
+# float32 kernels that sum in another order differ by a few 1e-4 in absolute terms.
 PARITY_ATOL = 1e-4
 IMAGE_INPUTS = ("pixels",)
 TEXT_INPUTS = ("input_ids", "attention_mask")
@@ -41,7 +43,8 @@ class BackboneGraphError(ValueError):
 
 def export_backbone(backbone: nn.Module, path: Path, example: Sequence) -> Path:
     """Export a backbone of models.backbones (image or text) to `path` and check that ONNX
-    Runtime reproduces it on `example` (a few images or captions) to PARITY_ATOL."""
+    Runtime reproduces it on `example` (a few images or captions) to PARITY_ATOL, relative to
+    1 + the feature's size."""
     text = hasattr(backbone, "tokens")
     inputs = backbone.tokens(example) if text else (backbone.pixels(example),)
     names = TEXT_INPUTS if text else IMAGE_INPUTS
@@ -57,7 +60,7 @@ def export_backbone(backbone: nn.Module, path: Path, example: Sequence) -> Path:
     got = OnnxBackbone(path, tokenizer=getattr(backbone, "tokenizer", None)).run(
         [x.numpy() for x in inputs]
     )
-    error = float(np.abs(got - expected).max())
+    error = float((np.abs(got - expected) / (1.0 + np.abs(expected))).max())
     if error > PARITY_ATOL:
         raise BackboneGraphError(f"{path}: ONNX Runtime differs from torch by {error:.2e}")
     return path

