@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import nn
 
-from models.networks.preprocess import resize_to_uint8
+from models.networks.preprocess import backbone_pixels
 
 # The converted weights expect torchvision's ImageNet standardisation of 0..1 pixels, not the
 # (pixel - 127) / 128 of TensorFlow's Lite models: with it the classifier names scikit-image's
@@ -64,7 +63,4 @@ class EfficientNetLite0(nn.Module):
 
     def pixels(self, images: Sequence[Image.Image]) -> torch.Tensor:
         """The network's input for a batch of images: resized to 224 x 224, uint8."""
-        size = self.image_size
-        if not images:
-            return torch.zeros((0, 3, size, size), dtype=torch.uint8)
-        return torch.from_numpy(np.stack([resize_to_uint8(image, size) for image in images]))
+        return torch.from_numpy(backbone_pixels(images, self.image_size))

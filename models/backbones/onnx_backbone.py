@@ -24,8 +24,8 @@ from torch import nn
 
 from models.networks.backbone_tokenizer import caption_tokens, load_tokenizer
 from models.networks.model_config import OPSET
-from models.networks.preprocess import resize_to_uint8
-from models.onnx.encoder_runtime import choose_providers, session_options
+from models.networks.preprocess import backbone_pixels
+from models.onnx.encoder_runtime import choose_providers, pixel_dtype, session_options
 from models.threads import ThreadBudget
 
 # |ORT - torch| / (1 + |torch|): EfficientNet's features reach 40 or more (a black image), where
@@ -102,15 +102,14 @@ class OnnxBackbone:
         self.tokenizer = None
         if self.modality == "image":
             self.image_size = int(inputs[0].shape[-1])
-            self.pixel_type = np.uint8 if inputs[0].type == "tensor(uint8)" else np.float32
+            self.pixel_type = pixel_dtype(inputs[0].type)
         else:
             self.tokenizer = _tokenizer(tokenizer, path)
 
     def encode(self, batch: Sequence) -> np.ndarray:
         """Features (N, F) float32 of a batch of PIL images or captions."""
         if self.modality == "image":
-            pixels = np.stack([resize_to_uint8(image, self.image_size) for image in batch])
-            return self.run([pixels.astype(self.pixel_type)])
+            return self.run([backbone_pixels(batch, self.image_size, self.pixel_type)])
         return self.run(list(caption_tokens(self.tokenizer, batch)))
 
     def run(self, arrays: Sequence[np.ndarray]) -> np.ndarray:

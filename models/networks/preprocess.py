@@ -86,6 +86,14 @@ def resize_to_uint8(image: Image.Image, size: int) -> np.ndarray:
     return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).copy()  # (3, H, W)
 
 
+def backbone_pixels(images: Sequence[Image.Image], size: int, dtype: type = np.uint8) -> np.ndarray:
+    """A pretrained backbone's input for a batch of images: (N, 3, size, size) 0..255 values in
+    `dtype` (the backbone's graph does its own scaling)."""
+    if not images:
+        return np.zeros((0, 3, size, size), dtype=dtype)
+    return np.stack([resize_to_uint8(image, size) for image in images]).astype(dtype, copy=False)
+
+
 def normalize_uint8(pixels: np.ndarray, config: ModelConfig) -> np.ndarray:
     """uint8 (N, 3, H, W) -> float32 (N, 3, H, W) scaled to [0, 1] then standardised."""
     mean = np.asarray(config.image_mean, dtype=np.float32).reshape(1, 3, 1, 1)

@@ -22,7 +22,7 @@ from models.networks.model_config import (
     VOCAB_FILE,
     ModelConfig,
 )
-from models.networks.preprocess import images_to_array, resize_to_uint8
+from models.networks.preprocess import backbone_pixels, images_to_array
 from models.networks.tokenizer import Tokenizer
 from models.threads import ThreadBudget, thread_budget
 
@@ -144,7 +144,7 @@ class OnnxEncoder:
         self._mask_widths = {
             i.name: i.shape[-1] for i in self.session.get_inputs() if i.name.endswith("masks")
         }
-        self._pixel_type = self.session.get_inputs()[0].type
+        self._pixel_type = pixel_dtype(self.session.get_inputs()[0].type)
         logger.info("loaded %s encoder %s on %s", modality, path, self.provider)
 
     def _tokenizer(self):
@@ -210,7 +210,7 @@ class OnnxEncoder:
             )
         masks = self._masks(item_generators(seed, len(images)), "dropout_masks", mc_samples)
         if self.pretrained:
-            pixels = _uint8_pixels(images, self.config.image_size, self._pixel_type)
+            pixels = backbone_pixels(images, self.config.image_size, self._pixel_type)
             return self._run({"pixels": pixels, "dropout_masks": masks}, len(images), mc_samples)
         pixels = images_to_array(images, self.config)  # (N, 3, H, W)
         return self._run({"images": pixels, "dropout_masks": masks}, len(images), mc_samples)
@@ -285,12 +285,9 @@ def _graph_file(modality: str, heads_only: bool) -> str:
     return IMAGE_ONNX_FILE if modality == "image" else TEXT_ONNX_FILE
 
 
-def _uint8_pixels(images: Sequence[Image.Image], size: int, input_type: str) -> np.ndarray:
-    """(N, 3, size, size) 0..255 pixels for a backbone graph, in the dtype it reads."""
-    if not images:
-        return np.zeros((0, 3, size, size), dtype=np.uint8)
-    pixels = np.stack([resize_to_uint8(image, size) for image in images])
-    return pixels if input_type == "tensor(uint8)" else pixels.astype(np.float32)
+def pixel_dtype(onnx_type: str) -> type:
+    """The numpy dtype of a backbone graph's 0..255 pixel input: uint8, else float32."""
+    return np.uint8 if onnx_type == "tensor(uint8)" else np.float32
 
 
 def item_generators(seed: Seeds, count: int) -> list[np.random.Generator]:

@@ -39,8 +39,9 @@ from models.networks.model_config import (
     TOKENIZER_FILE,
     ModelConfig,
 )
-from models.networks.preprocess import resize_to_uint8
+from models.networks.preprocess import backbone_pixels
 from models.networks.probabilistic_model import HeadsModel
+from models.onnx.encoder_runtime import pixel_dtype
 from models.onnx.parity import PARITY_ATOL, ExportError
 
 FILES = {
@@ -151,9 +152,8 @@ def _feeds(
 ) -> dict[str, np.ndarray]:
     """The whole graph's backbone inputs for raw images or captions."""
     if backbone.modality == "image":
-        pixels = np.stack([resize_to_uint8(image, backbone.image_size) for image in raw])
-        kind = session.get_inputs()[0].type
-        return {"pixels": pixels if kind == "tensor(uint8)" else pixels.astype(np.float32)}
+        dtype = pixel_dtype(session.get_inputs()[0].type)
+        return {"pixels": backbone_pixels(raw, backbone.image_size, dtype)}
     ids, mask = caption_tokens(load_tokenizer(tokenizer, config.max_caption_tokens), raw)
     return {"input_ids": ids, "attention_mask": mask}
 

@@ -50,8 +50,6 @@ from service.services import Services
 
 log = logging.getLogger(__name__)
 
-# The query encoder each gallery needs: the image gallery is searched with text, and back.
-
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; models and indexes are loaded when it starts (lifespan), not here.

@@ -79,7 +79,8 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     openapi_extra=json_body_schema(EmbeddingSearchRequest),
 )
 async def search_embedding(request: Request, services: ServicesDep) -> Response:
-    """Search a gallery with a Gaussian (mu, logvar) computed by the caller's own encoder."""
+    """Search a gallery with a Gaussian (mu, logvar) computed by the caller's own encoder, or
+    with a backbone vector (features) that the model's heads embed."""
     start = time.perf_counter()
     body = await read_json_request(request, EmbeddingSearchRequest)
     params = services.searcher.params(body.gallery, **body.options())
