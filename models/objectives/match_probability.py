@@ -2,8 +2,7 @@
 
 Both turn a distance between an image's and a caption's Gaussians into a match probability
 p = sigmoid(-a * d + b), with a > 0 and b learned, and fit it to the batch's match matrix
-with binary cross-entropy averaged over every (image, caption) pair of the batch, as the
-papers' implementations do:
+with binary cross-entropy:
 
 - PCME: d is the Euclidean distance between samples, and p the mean of the sigmoid over J x J
   sample pairs (models.distance.gaussian's match_prob, which returns -ln p). The variance matters
@@ -13,6 +12,14 @@ papers' implementations do:
   sum sigma_j^2 (its expectation over samples). Pseudo-positives, negatives that sit at least
   as close as the pair's own positive, are pushed towards "match" with a small weight: they
   are usually plausible matches the dataset did not pair (Chun, PCME++).
+
+The positive and the negative pairs weigh the same in all: the loss is the mean over the
+positives plus the mean over the negatives (`balanced_mean`). The papers' code sums (PCME) or
+averages (PCME++) over every pair, so with one positive in B pairs the positives weigh 1/B;
+fine-tuned from pretrained backbones that works, but trained from scratch on shapes (1 positive
+in 32) it stayed at its trivial value (every p at the base rate, BCE 0.137 against 0.139):
+a, b and the per-item sum of variances, which shifts all of an item's logits at once, reached
+that value faster than the means learnt to tell the pairs apart (docs/results-pcme.md).
 """
 
 from __future__ import annotations
@@ -36,9 +43,19 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < math.log(2.0), torch.log(-torch.expm1(-x)), torch.log1p(-torch.exp(-x)))
 
 
+def balanced_mean(pair_loss: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    """Mean of `pair_loss` over the positive pairs plus its mean over the others; a class the
+    batch has no pair of adds 0. (N_img, N_cap) -> ()."""
+    total = pair_loss.new_zeros(())
+    for mask in (positive, ~positive):
+        if mask.any():
+            total = total + pair_loss[mask].mean()
+    return total
+
+
 def _pair_mean(positive_loss: torch.Tensor, negative_loss: torch.Tensor, positive: torch.Tensor):
-    """Mean over all pairs of the positive loss where `positive`, else the negative loss."""
-    return torch.where(positive, positive_loss, negative_loss).mean()
+    """The balanced mean of the positive loss where `positive`, else the negative loss."""
+    return balanced_mean(torch.where(positive, positive_loss, negative_loss), positive)
 
 
 def pcme_loss(
@@ -53,7 +70,8 @@ def pcme_loss(
     """PCME's soft contrastive loss of a batch: images (B, D) x captions (M, D).
 
     -ln p for the matching pairs (`matches`, (B, M) bool), -ln(1 - p) for the others, with p
-    the J x J sampled match probability (J = num_samples; noise from `generator`).
+    the J x J sampled match probability (J = num_samples; noise from `generator`); the mean
+    over the matching pairs plus the mean over the others.
     """
     neg_log_p = pairwise_distance(
         "match_prob", *image, *caption,
@@ -73,16 +91,24 @@ def pcmepp_loss(
     pseudo_positive_weight: float,
 ) -> torch.Tensor:
     """PCME++'s loss of a batch: BCE of sigmoid(-a * csd + b) against `matches`, plus
-    `pseudo_positive_weight` x the same BCE with the pseudo-positives counted as matches."""
+    `pseudo_positive_weight` x the same BCE with the pseudo-positives counted as matches; each
+    BCE the mean over its matching pairs plus the mean over the others."""
     csd = pairwise_distance("csd", *image, *caption)  # (B, M)
     logits = -scale * csd + shift
-    loss = F.binary_cross_entropy_with_logits(logits, matches.to(logits.dtype))
+    loss = _bce(logits, matches)
     if pseudo_positive_weight <= 0:
         return loss
     own = positive_mask(image[0].shape[0], caption_image)
     relabelled = matches | pseudo_positives(csd.detach(), own, caption_image)
-    smooth = F.binary_cross_entropy_with_logits(logits, relabelled.to(logits.dtype))
-    return loss + pseudo_positive_weight * smooth
+    return loss + pseudo_positive_weight * _bce(logits, relabelled)
+
+
+def _bce(logits: torch.Tensor, matches: torch.Tensor) -> torch.Tensor:
+    """Balanced binary cross-entropy of match logits (B, M) against `matches` (B, M) bool."""
+    per_pair = F.binary_cross_entropy_with_logits(
+        logits, matches.to(logits.dtype), reduction="none"
+    )
+    return balanced_mean(per_pair, matches)
 
 
 def pseudo_positives(
