@@ -126,13 +126,14 @@ DIRECTIONS = ("i2t", "t2i")
 # shown beside the learned scores, never chosen as the reject score.
 BASELINES = ("top1_distance", "top1_margin", "top1_instability")
 SCORES = ("log_det", "entropy", "feature_uncertainty", "mutual_information", "posterior_entropy")
-SCORES += BASELINES
+SCORES += ("novelty", *BASELINES)
 LABELS = {
     "log_det": "log-det",
     "entropy": "entropy",
     "feature_uncertainty": "feat. unc.",
     "mutual_information": "MI",
     "posterior_entropy": "post. entropy",
+    "novelty": "novelty",
     "top1_distance": "top-1 dist.",
     "top1_margin": "margin",
     "top1_instability": "top-1 instab.",
@@ -526,8 +527,9 @@ def uncertainty_section(runs: list[Run], stats: Stats, results: Results) -> list
 
 
 def ood_section(runs: list[Run], stats: Stats, probes: dict[str, int], dataset: str) -> list[str]:
-    """Per probe folder: each image-query score's AUROC, and how often the reject score and
-    the log-det refuse a probe at the threshold that refuses 5% of the test images."""
+    """Per probe folder: each image-query score's AUROC, and how often the reject score, the
+    log-det and the novelty (the gate of a model on backbones) refuse a probe at the threshold
+    that refuses 5% of the test images."""
     lines = [
         f"AUROC of each image-query score for telling the probes from the {dataset} test images "
         "(1 = every probe more uncertain than every test image, 0.5 = chance); temperatures and "
@@ -537,12 +539,15 @@ def ood_section(runs: list[Run], stats: Stats, probes: dict[str, int], dataset: 
     ]
     for probe, count in probes.items():
         header = ["model", *(LABELS[s] for s in SCORES), "reject score (val-chosen, i2t)"]
-        header += ["rejected % (reject score)", "rejected % (log-det)"]
+        header += ["rejected % (reject score)", "rejected % (log-det)", "rejected % (novelty)"]
         rows = []
         for run in runs:
             s = stats[run.name]
             cells = [figure(s, f"ood-{probe}/i2t/{score}", 3) for score in (*SCORES, "reject")]
-            cells += [figure(s, f"shift-{probe}/i2t/{score}", 1) for score in ("reject", "log_det")]
+            cells += [
+                figure(s, f"shift-{probe}/i2t/{score}", 1)
+                for score in ("reject", "log_det", "novelty")
+            ]
             rows.append([run.name, *cells])
         lines += [f"### {count} {PROBE_NAMES.get(probe, probe)}", "", *table(header, rows), ""]
     return lines

@@ -45,7 +45,7 @@ def gallery_metrics() -> dict[str, str]:
 def rule_scores(
     version, metric, calibration, embeddings, judge, device
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each query's value of the rule's score (inf above the log-det gate) and correctness."""
+    """Each query's value of the rule's score (inf above the familiarity gate) and correctness."""
     from indexer.calibration import candidate_name, query_scores_by_candidate
     from models.scoring.query_scores import gated
 
@@ -53,7 +53,8 @@ def rule_scores(
         version, metric, embeddings, judge, (calibration.temperature,), 100, device
     )
     values = scores[candidate_name(calibration.score, calibration.temperature)]
-    return gated(values, scores["log_det"], calibration.log_det_limit), correct
+    gate = scores[calibration.gate_score]
+    return gated(values, gate, calibration.gate_limit), correct
 
 
 def run_one(seed: int, work_dir: Path, images: int, epochs: int) -> dict[str, float]:
@@ -136,7 +137,7 @@ def run_one(seed: int, work_dir: Path, images: int, epochs: int) -> dict[str, fl
                 (photo_values > calibration.threshold).mean()
             )
             out["image-query score"] = calibration.score
-            out["log-det gate"] = calibration.log_det_limit is not None
+            out["log-det gate"] = calibration.gate_limit is not None
         version.close()
     return out
 

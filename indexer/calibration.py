@@ -16,11 +16,13 @@ Image queries must also be rejected when the image is unlike anything the model 
 on, which held-out queries cannot show: the score that ranks wrong answers best need not rank
 such images high. So for an image-query gallery, OUTLIER_QUERIES synthetic outlier images
 (models.datasets.outliers: 1/f textures from a stream of their own, never fitted to real
-photographs) are scored too. When the query log-det ranks them above the held-out queries with
-AUROC >= OUTLIER_AUROC_FLOOR, a familiarity gate is set at the FAMILIAR_QUANTILE quantile of
-the held-out queries' log-dets: a query above it is rejected whatever its score (the service
-names log_det as its reject score then). calibration.json records each score's AUROC for the
-outliers and how many the gate and the whole rule reject.
+photographs) are scored too. The familiarity gate reads one of GATE_SCORES (novelty, for a
+model on pretrained backbones, else log_det): the one that ranks the outliers above the
+held-out queries best, when its AUROC >= OUTLIER_AUROC_FLOOR. Its limit is the
+FAMILIAR_QUANTILE quantile of the held-out queries' values: a query above it is rejected
+whatever its reject score (the service names the gate's score as its reject score then).
+calibration.json records each score's AUROC for the outliers and how many the gate and the
+whole rule reject.
 """
 
 import json
@@ -65,6 +67,7 @@ DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 OUTLIER_QUERIES = 250
 OUTLIER_AUROC_FLOOR = 0.8
 FAMILIAR_QUANTILE = 0.99  # the gate rejects about 1% of familiar image queries
+GATE_SCORES = ("novelty", "log_det")  # what the familiarity gate may read; ties: the first
 OUTLIER_STREAM = 7_919  # the outliers' random stream, apart from training's
 
 
@@ -101,18 +104,19 @@ class MetricCalibration:
     kept_precision: float  # plausible P@1 of the kept queries, at tau
     target_met: bool
     queries: int
-    log_det_limit: float | None = None  # the familiarity gate (image queries), or none
+    gate_score: str = "log_det"  # what the familiarity gate reads (GATE_SCORES)
+    gate_limit: float | None = None  # the familiarity gate (image queries), or none
     # "<score>" or "<score>@T<t>" -> AUROC of synthetic outlier images against the queries
     # (image queries only; empty otherwise)
     outlier_auroc: dict[str, float] = field(default_factory=dict)
     outliers_rejected: float | None = None  # fraction of those outliers the rule rejects
 
     def gate_note(self) -> str:
-        """For image queries, "; log-det gate L, rejects X% of outlier images" (no gate: only
+        """For image queries, "; <score> gate L, rejects X% of outlier images" (no gate: only
         the fraction); else ""."""
         if self.outliers_rejected is None:
             return ""
-        gate = "" if self.log_det_limit is None else f"log-det gate {self.log_det_limit:.1f}, "
+        gate = "" if self.gate_limit is None else f"{self.gate_score} gate {self.gate_limit:.4g}, "
         return f"; {gate}rejects {100 * self.outliers_rejected:.0f}% of outlier images"
 
 
@@ -213,7 +217,7 @@ def query_scores_by_candidate(
 
 
 def _queries(embeddings: Embeddings, block: slice) -> Embeddings:
-    """The queries of `block` and their draws."""
+    """The queries of `block`, their draws and novelty."""
     mc_mu, mc_logvar = embeddings.mc_mu, embeddings.mc_logvar
     return Embeddings(
         embeddings.mu[block],
@@ -221,6 +225,7 @@ def _queries(embeddings: Embeddings, block: slice) -> Embeddings:
         None if mc_mu is None else mc_mu[:, block],
         None if mc_logvar is None else mc_logvar[:, block],
         identical_draws=embeddings.identical_draws,
+        novelty=None if embeddings.novelty is None else embeddings.novelty[block],
     )
 
 
@@ -244,13 +249,11 @@ def summarise(
     ranked = [n for n in quality if not math.isnan(quality[n]) and not is_constant(scores[n])]
     ranked = ranked or list(quality)
     outlier_auroc = {n: auroc(scores[n], outliers[n]) for n in scores} if outliers else {}
-    limit = None
-    if outlier_auroc.get("log_det", 0.0) >= OUTLIER_AUROC_FLOOR:
-        limit = float(np.quantile(scores["log_det"], FAMILIAR_QUANTILE))
+    gate, limit = _gate(scores, outlier_auroc)
     chosen = max(ranked, key=lambda n: (quality[n], -ranked.index(n)))
     score, _, t = chosen.partition("@T")
     temperature = float(t) if t else _posterior_temperature(ranked, quality, temperatures)
-    values = scores[chosen] if limit is None else gated(scores[chosen], scores["log_det"], limit)
+    values = scores[chosen] if limit is None else gated(scores[chosen], scores[gate], limit)
     threshold, kept = select_threshold(values, correct, target)
     if math.isinf(threshold):  # a target only met by keeping gated queries: keep the others
         threshold = float(values[np.isfinite(values)].max())
@@ -273,10 +276,24 @@ def summarise(
         kept_precision=kept_precision,
         target_met=bool(met),
         queries=len(correct),
-        log_det_limit=limit,
+        gate_score=gate,
+        gate_limit=limit,
         outlier_auroc=outlier_auroc,
-        outliers_rejected=_outliers_rejected(outliers, chosen, threshold, limit),
+        outliers_rejected=_outliers_rejected(outliers, chosen, threshold, gate, limit),
     )
+
+
+def _gate(
+    scores: dict[str, np.ndarray], outlier_auroc: dict[str, float]
+) -> tuple[str, float | None]:
+    """The familiarity gate: of GATE_SCORES, the one with the best outlier AUROC, if that is at
+    least OUTLIER_AUROC_FLOOR, and its limit at FAMILIAR_QUANTILE of the held-out queries
+    ("log_det", None: no gate)."""
+    usable = [n for n in GATE_SCORES if outlier_auroc.get(n, 0.0) >= OUTLIER_AUROC_FLOOR]
+    if not usable:
+        return "log_det", None
+    name = max(usable, key=lambda n: (outlier_auroc[n], -GATE_SCORES.index(n)))
+    return name, float(np.quantile(scores[name], FAMILIAR_QUANTILE))
 
 
 def _posterior_temperature(
@@ -291,12 +308,17 @@ def _posterior_temperature(
 
 
 def _outliers_rejected(
-    outliers: dict[str, np.ndarray] | None, chosen: str, threshold: float, limit: float | None
+    outliers: dict[str, np.ndarray] | None,
+    chosen: str,
+    threshold: float,
+    gate: str,
+    limit: float | None,
 ) -> float | None:
     """The fraction of the synthetic outlier queries the rule rejects (None without them)."""
     if not outliers:
         return None
-    return float((gated(outliers[chosen], outliers["log_det"], limit) > threshold).mean())
+    values = outliers[chosen] if limit is None else gated(outliers[chosen], outliers[gate], limit)
+    return float((values > threshold).mean())
 
 
 def record(version_dir: Path, results: Sequence[MetricCalibration], data_dir: Path, split: str,
@@ -305,7 +327,7 @@ def record(version_dir: Path, results: Sequence[MetricCalibration], data_dir: Pa
     update_calibration(
         version_dir,
         {
-            r.metric: Calibration(r.temperature, r.threshold, r.score, r.log_det_limit)
+            r.metric: Calibration(r.temperature, r.threshold, r.score, r.gate_score, r.gate_limit)
             for r in results
         },
     )

@@ -26,9 +26,20 @@ class Calibration:
     temperature: float = 1.0
     threshold: float | None = None
     score: str = "mutual_information"
-    # Image queries whose log-det exceeds this are unlike the images the model was trained
-    # on and rejected whatever the score says (None: no such gate; see indexer.calibration).
-    log_det_limit: float | None = None
+    # Image queries whose `gate_score` (novelty or log_det) exceeds `gate_limit` are unlike
+    # the images the model was trained on and rejected whatever the score says (None: no
+    # such gate; see indexer.calibration).
+    gate_score: str = "log_det"
+    gate_limit: float | None = None
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Calibration:
+        """From the manifest's JSON; a manifest written before the novelty gate names its
+        log-det gate `log_det_limit`."""
+        values = dict(values)
+        if "log_det_limit" in values:
+            values["gate_limit"] = values.pop("log_det_limit")
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,8 @@ class Manifest:
             data["metrics"] = tuple(data["metrics"])
             data["families"] = tuple(data["families"])
             data["calibration"] = {
-                metric: Calibration(**values) for metric, values in data["calibration"].items()
+                metric: Calibration.from_dict(values)
+                for metric, values in data["calibration"].items()
             }
             return cls(**data)
         except (json.JSONDecodeError, KeyError, TypeError) as e:

@@ -49,15 +49,16 @@ class SearchHit:
 
 @dataclass
 class RejectScore:
-    """The uncertainty score the service rejects with, chosen per metric by calibration; log_det
-    with the gate's limit when an image query's log-det is above it (an unfamiliar image)."""
+    """The uncertainty score the service rejects with, chosen per metric by calibration; the
+    familiarity gate's score (novelty or log_det) with its limit when an image query is above
+    it (an unfamiliar image)."""
 
     __pydantic_config__ = _JSON
 
     name: Annotated[
         str,
         _about("One of log_det, entropy, feature_uncertainty, mutual_information, "
-               "posterior_entropy, top_mahalanobis."),
+               "posterior_entropy, top_mahalanobis, novelty."),
     ]  # fmt: skip
     value: Annotated[float | None, _about("The query's value; null if not computed "
                                           "(a draw-based score with mc_samples 0).")]  # fmt: skip
@@ -97,6 +98,12 @@ class QueryInfo:
                "query and its first result, under the caption's Gaussian (whose variance is "
                "the spread of the images it describes): large when the first result lies "
                "outside what the caption allows. Null for models without variances (pvse)."),
+    ]  # fmt: skip
+    novelty: Annotated[
+        float | None,
+        _about("Image queries of a model on pretrained backbones: the cosine distance from the "
+               "image's backbone vector to the nearest training image's (0: seen in training; "
+               "large: unlike anything the model was trained on). Null otherwise."),
     ]  # fmt: skip
     reject_score: RejectScore
     rejected: Annotated[bool, _about("reject_score.value > reject_score.threshold.")]
@@ -172,7 +179,7 @@ def query_info(
 
 
 _SCORE_FIELDS = ("log_det", "entropy", "mutual_information", "feature_uncertainty",
-                 "posterior_entropy", "top_mahalanobis")  # fmt: skip
+                 "posterior_entropy", "top_mahalanobis", "novelty")  # fmt: skip
 
 
 def _value(values: np.ndarray | None, j: int) -> float | None:
@@ -186,7 +193,8 @@ class ScoreSettings:
     temperature: float
     threshold: float | None
     score_name: str
-    log_det_limit: float | None = None  # the calibration's familiarity gate
+    gate_score: str = "log_det"  # what the calibration's familiarity gate reads
+    gate_limit: float | None = None  # its limit (None: no gate)
 
     @classmethod
     def of(
@@ -200,17 +208,17 @@ class ScoreSettings:
             float(temperature or calibration.temperature),
             calibration.threshold if threshold is None else threshold,
             calibration.score,
-            calibration.log_det_limit if threshold is None else None,
+            calibration.gate_score,
+            calibration.gate_limit if threshold is None else None,
         )
 
     def reject_score(self, values: dict[str, float | None]) -> RejectScore:
-        """The score that decides, from the query's score values by name: its log-det against
-        the familiarity gate when it is above it (an image unlike the training images), else
-        the calibrated score."""
-        log_det = values["log_det"]
-        assert log_det is not None
-        if unfamiliar(log_det, self.log_det_limit):
-            return RejectScore("log_det", log_det, self.log_det_limit)
+        """The score that decides, from the query's score values by name: the familiarity
+        gate's score when it is above the gate (an image unlike the training images), else the
+        calibrated score."""
+        familiarity = values.get(self.gate_score)
+        if familiarity is not None and unfamiliar(familiarity, self.gate_limit):
+            return RejectScore(self.gate_score, familiarity, self.gate_limit)
         return RejectScore(self.score_name, values.get(self.score_name), self.threshold)
 
 

@@ -129,6 +129,7 @@ class Encoded:
     embeddings: np.ndarray | None = None  # (K, D) of a pvse encoder
     mc_embeddings: np.ndarray | None = None  # (L, K, D)
     identical_draws: bool = False  # every draw is (mu, logvar): an encoder without dropout
+    novelty: float | None = None  # image queries of a model on pretrained backbones
 
 
 @dataclass
@@ -305,6 +306,7 @@ class Searcher:
                 embeddings=None if out.embeddings is None else out.embeddings[i],
                 mc_embeddings=None if out.mc_embeddings is None else out.mc_embeddings[:, i],
                 identical_draws=out.identical_draws,
+                novelty=None if out.novelty is None else float(out.novelty[i]),
             )
             for i, position in enumerate(positions)
         }
@@ -499,7 +501,10 @@ def _queries(plans: Sequence[_Plan]) -> Embeddings:
         mc_mu = np.stack([e.mc_mu for e in encoded], axis=1).astype(np.float32, copy=False)
         mc_logvar = np.stack([e.mc_logvar for e in encoded], axis=1).astype(np.float32, copy=False)
     identical = all(e.identical_draws for e in encoded)
-    return Embeddings(mu, logvar, mc_mu, mc_logvar, identical_draws=identical)
+    novelty = None
+    if all(e.novelty is not None for e in encoded):
+        novelty = np.array([e.novelty for e in encoded], dtype=np.float64)
+    return Embeddings(mu, logvar, mc_mu, mc_logvar, identical_draws=identical, novelty=novelty)
 
 
 def _version_key(query: Query) -> tuple[str, int]:
@@ -507,9 +512,11 @@ def _version_key(query: Query) -> tuple[str, int]:
     return query.gallery, id(query.loaded)
 
 
-def _scoring_key(plan: _Plan) -> tuple[str, int, bool]:
-    """Queries scored by one models.scoring call share their metric and draws (count and kind)."""
-    return plan.metric, _draw_count(plan.encoded), plan.encoded.identical_draws
+def _scoring_key(plan: _Plan) -> tuple[str, int, bool, bool]:
+    """Queries scored by one models.scoring call share their metric, their draws (count and
+    kind) and whether their encoder scored their novelty."""
+    enc = plan.encoded
+    return plan.metric, _draw_count(enc), enc.identical_draws, enc.novelty is not None
 
 
 def encoder_kind(query: Query) -> str:

@@ -131,6 +131,7 @@ def _concat(parts: list[Embeddings]) -> Embeddings:
         mc_logvar=join("mc_logvar", 1),
         embeddings=join("embeddings"),
         mc_embeddings=join("mc_embeddings", 1),
+        novelty=join("novelty"),
     )
 
 
@@ -278,8 +279,11 @@ def direction_scores(
             if caption_query is not None:
                 fit = CaptionFit(query[0], candidates, caption_query)
         mc_mu = None if draws is None else draws[0]
+        novelty = None if queries.novelty is None else queries.novelty[start:stop]
         for t, temperature in enumerate(config.temperatures):
-            scores = query_scores(query[1], distances, temperature, mc_mu, mc_distances, fit)
+            scores = query_scores(
+                query[1], distances, temperature, mc_mu, mc_distances, fit, novelty
+            )
             for name, values in scores.available().items():
                 if name in TEMPERATURE_SCORES:
                     parts.setdefault(f"{name}@T{temperature:g}", []).append(values)

@@ -5,6 +5,9 @@ GaussianHeads), so the L Monte-Carlo draws cost L passes of the heads only. Drop
 the backbone vector and on the hidden units: a mask row holds one multiplier per backbone
 feature, then one per hidden unit (ModelConfig.head_mask_width), as the small encoders'
 masks do, so no randomness lives inside a forward pass or an exported graph.
+
+The image heads also hold the novelty bank (models.networks.feature_novelty): the score reads
+the backbone vector, not the heads, and is exported beside mu and logvar.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.networks.feature_novelty import FeatureNovelty
 from models.networks.heads import GaussianHeads, init_linear
 from models.networks.model_config import ModelConfig
 
@@ -19,12 +23,15 @@ from models.networks.model_config import ModelConfig
 class FeatureHeads(nn.Module):
     """features (N, F) + dropout masks (S, N, F + H) -> mu, logvar (S * N, D), draw-major."""
 
-    def __init__(self, in_features: int, config: ModelConfig, gaussian: bool) -> None:
+    def __init__(
+        self, in_features: int, config: ModelConfig, gaussian: bool, novelty_rows: int = 0
+    ) -> None:
         super().__init__()
         self.in_features = in_features
         self.hidden = nn.Sequential(nn.Linear(in_features, config.head_hidden), nn.ReLU())
         self.heads = GaussianHeads(config.head_hidden, config, gaussian=gaussian)
         self.mask_widths = (in_features, config.head_hidden)
+        self.novelty = FeatureNovelty(novelty_rows, in_features) if novelty_rows else None
         init_linear(self)
 
     def forward(

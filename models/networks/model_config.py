@@ -159,6 +159,11 @@ class ModelConfig:
     image_backbone_dim: int = 0  # the backbones' feature widths, recorded when training starts
     text_backbone_dim: int = 0
     head_hidden: Annotated[int, Option("hidden width of the heads on a pretrained backbone")] = 512
+    # Training image vectors kept for the novelty score of image queries (models.networks.
+    # feature_novelty); at most this many, fewer when the train split has fewer images.
+    novelty_bank: Annotated[
+        int, Option("pretrained: training image vectors kept to score novelty (0: no score)")
+    ] = 4096
     training: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, Any] = field(default_factory=dict)
 
@@ -220,6 +225,8 @@ class ModelConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.novelty_bank < 0:
+            raise ConfigError(f"novelty_bank must be >= 0, got {self.novelty_bank}")
 
     @property
     def gaussian_images(self) -> bool:
@@ -294,6 +301,7 @@ class ModelConfig:
                 f"(this code reads version {FORMAT_VERSION})"
             )
         values = {k: v for k, v in data.items() if k in known}
+        values.setdefault("novelty_bank", 0)  # a model.json written before the novelty score
         for name in ("image_mean", "image_std", "cnn_channels"):
             if name in values:
                 values[name] = tuple(values[name])
@@ -384,13 +392,14 @@ def _pretrained_io(config: ModelConfig, outputs: dict[str, Any]) -> dict[str, An
         return ["float32", ["S", "N", config.head_mask_width(modality)]]
 
     size = config.image_size
+    novelty = {"novelty": ["float32", ["N"]]} if config.novelty_bank else {}
     return {
         "opset": OPSET,
         "layout": "as for the small encoders; the backbone runs once per input, the heads once "
         "per draw",
         IMAGE_ONNX_FILE: {
             "inputs": {"pixels": ["uint8", ["N", 3, size, size]], "dropout_masks": masks("image")},
-            "outputs": outputs,
+            "outputs": outputs | novelty,
         },
         TEXT_ONNX_FILE: {
             "inputs": {
@@ -406,7 +415,7 @@ def _pretrained_io(config: ModelConfig, outputs: dict[str, Any]) -> dict[str, An
                     "features": ["float32", ["N", config.backbone_dim(modality)]],
                     "dropout_masks": masks(modality),
                 },
-                "outputs": outputs,
+                "outputs": outputs | (novelty if modality == "image" else {}),
             }
             for modality, name in (("image", IMAGE_HEADS_ONNX_FILE), ("text", TEXT_HEADS_ONNX_FILE))
         },

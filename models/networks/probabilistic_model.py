@@ -165,7 +165,7 @@ class HeadsModel(ProbabilisticModel):
         nn.Module.__init__(self)
         self.config = config
         self.image_encoder = FeatureHeads(
-            config.image_backbone_dim, config, gaussian=config.gaussian_images
+            config.image_backbone_dim, config, config.gaussian_images, config.novelty_bank
         )
         self.text_encoder = FeatureHeads(
             config.text_backbone_dim, config, gaussian=config.gaussian_captions

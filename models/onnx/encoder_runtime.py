@@ -53,6 +53,9 @@ class Embeddings:
     mc_embeddings: np.ndarray | None = None
     # The encoder has no dropout, so every draw is the deterministic embedding, repeated.
     identical_draws: bool = False
+    # Image encoders of a model on pretrained backbones: each image's novelty (N,)
+    # (models.networks.feature_novelty); None for other encoders.
+    novelty: np.ndarray | None = None
 
 
 def choose_providers(device: str) -> list[str]:
@@ -140,7 +143,7 @@ class OnnxEncoder:
         )
         self.provider: str = self.session.get_providers()[0]
         names = {o.name for o in self.session.get_outputs()}
-        self._outputs = ["mu", "logvar"] + (["embeddings"] if "embeddings" in names else [])
+        self._outputs = ["mu", "logvar"] + [n for n in ("embeddings", "novelty") if n in names]
         self._mask_widths = {
             i.name: i.shape[-1] for i in self.session.get_inputs() if i.name.endswith("masks")
         }
@@ -251,6 +254,7 @@ class OnnxEncoder:
         """Run the graph in chunks along N; split the draw-major output into its blocks."""
         draws, dim = 1 + mc_samples, self.embed_dim
         multi: list[np.ndarray] = []  # pvse: (S, n, K, D) per chunk
+        novelty: list[np.ndarray] = []  # (n,) per chunk
         mu = np.empty((draws, batch, dim), dtype=np.float32)
         logvar = np.empty((draws, batch, dim), dtype=np.float32)
         for start in range(0, batch, self.batch_size):
@@ -264,12 +268,16 @@ class OnnxEncoder:
                 width = int(chunk["attention_mask"].sum(axis=1).max())
                 chunk["input_ids"] = chunk["input_ids"][:, :width]
                 chunk["attention_mask"] = chunk["attention_mask"][:, :width]
-            out_mu, out_logvar, *rest = self.session.run(self._outputs, chunk)  # (S * n, D)
-            mu[:, start:stop] = out_mu.reshape(draws, stop - start, dim)
-            logvar[:, start:stop] = out_logvar.reshape(draws, stop - start, dim)
-            if rest:
-                multi.append(rest[0].reshape(draws, stop - start, *rest[0].shape[1:]))
+            got = dict(zip(self._outputs, self.session.run(self._outputs, chunk), strict=True))
+            mu[:, start:stop] = got["mu"].reshape(draws, stop - start, dim)  # from (S * n, D)
+            logvar[:, start:stop] = got["logvar"].reshape(draws, stop - start, dim)
+            if "embeddings" in got:
+                multi.append(got["embeddings"].reshape(draws, stop - start, -1, dim))
+            if "novelty" in got:
+                novelty.append(got["novelty"])
         out = Embeddings(mu=mu[0], logvar=logvar[0])
+        if novelty:
+            out.novelty = np.concatenate(novelty)
         if mc_samples:
             out.mc_mu, out.mc_logvar = mu[1:], logvar[1:]
         if multi:

@@ -10,7 +10,9 @@ image_encoder.onnx  pixels uint8 (N, 3, S, S) (or the user's graph's own pixel t
 text_encoder.onnx   input_ids, attention_mask int64 (N, T) of tokenizer.json, dropout_masks
 image_heads.onnx,
 text_heads.onnx     features float32 (N, F), dropout_masks
--> mu, logvar float32 (S * N, D), draw-major as for the small encoders (models.onnx.export).
+-> mu, logvar float32 (S * N, D), draw-major as for the small encoders (models.onnx.export);
+   the image graphs of a model with a novelty bank add novelty float32 (N,)
+   (models.networks.feature_novelty).
 """
 
 from __future__ import annotations
@@ -70,16 +72,39 @@ def export_pretrained(model: HeadsModel, model_dir: Path) -> dict[str, float]:
     return differences
 
 
+class _GraphHeads(torch.nn.Module):
+    """What a heads graph computes: mu and logvar, then the novelty when the heads hold a bank."""
+
+    def __init__(self, heads: FeatureHeads) -> None:
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, features: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mu, logvar = self.heads(features, masks)
+        if self.heads.novelty is None:
+            return mu, logvar
+        return mu, logvar, self.heads.novelty(features)
+
+
+def graph_outputs(heads: FeatureHeads) -> list[str]:
+    """The output names of the graphs around these heads."""
+    return ["mu", "logvar"] + (["novelty"] if heads.novelty is not None else [])
+
+
 def export_heads(heads: FeatureHeads, path: Path, opset: int = OPSET) -> None:
-    """The heads alone: features (N, F) and dropout_masks (S, N, F + H) -> mu, logvar."""
+    """The heads alone: features (N, F) and dropout_masks (S, N, F + H) -> mu, logvar (and
+    novelty)."""
     features, masks = _example(heads, batch=3, draws=2, seed=0)
+    outputs = graph_outputs(heads)
+    axes = {"mu": {0: "rows"}, "logvar": {0: "rows"}, "novelty": {0: "N"}}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporter's deprecation notice
         torch.onnx.export(
-            heads, (features, masks), str(path), input_names=["features", "dropout_masks"],
-            output_names=["mu", "logvar"], opset_version=opset, dynamo=False,
+            _GraphHeads(heads), (features, masks), str(path),
+            input_names=["features", "dropout_masks"], output_names=outputs,
+            opset_version=opset, dynamo=False,
             dynamic_axes={"features": {0: "N"}, "dropout_masks": {0: "S", 1: "N"},
-                          "mu": {0: "rows"}, "logvar": {0: "rows"}},
+                          **{name: axes[name] for name in outputs}},
         )  # fmt: skip
 
 
@@ -117,15 +142,15 @@ def _example(heads: FeatureHeads, batch: int, draws: int, seed: int):
 
 
 def _heads_parity(heads: FeatureHeads, path: Path) -> float:
-    """Max |torch - ORT| over mu and logvar, at batch and draw counts other than the traced."""
+    """Max |torch - ORT| over the outputs, at batch and draw counts other than the traced."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     features, masks = _example(heads, batch=7, draws=4, seed=1)
     with torch.no_grad():
-        expected = [t.numpy() for t in heads(features, masks)]
+        expected = [t.numpy() for t in _GraphHeads(heads)(features, masks)]
     feeds = {"features": features.numpy(), "dropout_masks": masks.numpy()}
-    got = session.run(["mu", "logvar"], feeds)
+    got = session.run(graph_outputs(heads), feeds)
     return _checked(path, expected, got)
 
 
@@ -140,10 +165,10 @@ def _whole_parity(
                           torch.Generator().manual_seed(2))  # fmt: skip
     with torch.no_grad():
         features = torch.from_numpy(backbone.encode(list(raw)))
-        expected = [t.numpy() for t in heads(features, masks)]
+        expected = [t.numpy() for t in _GraphHeads(heads)(features, masks)]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feeds = _feeds(backbone, raw, model_dir / TOKENIZER_FILE, model.config, session)
-    got = session.run(["mu", "logvar"], {**feeds, "dropout_masks": masks.numpy()})
+    got = session.run(graph_outputs(heads), {**feeds, "dropout_masks": masks.numpy()})
     return _checked(path, expected, got)
 
 

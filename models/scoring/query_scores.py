@@ -13,6 +13,9 @@ embedding, draws and shortlist gets the same scores everywhere. Larger always me
   result, whichever of the two is the caption: a caption's variance is fitted to the spread of
   the images it describes (models.objectives.regularizers.partner_spread_loss), so a first
   result far outside that spread is an answer the model itself does not expect to be right.
+- novelty: for image queries of a model on pretrained backbones, the cosine distance of the
+  image's backbone vector to the nearest training image's (models.networks.feature_novelty),
+  computed by the encoder: a picture unlike anything the model was trained on.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ SCORE_NAMES: tuple[str, ...] = (
     "mutual_information",
     "posterior_entropy",
     "top_mahalanobis",
+    "novelty",
 )
 TEMPERATURE_SCORES: tuple[str, ...] = ("mutual_information", "posterior_entropy")
 SCORE_BLOCK = 64  # queries scored together (memory: SCORE_BLOCK x draws x shortlist x D)
@@ -59,8 +63,9 @@ DRAW_SCORES: tuple[str, ...] = ("feature_uncertainty", "mutual_information")
 
 @dataclass
 class QueryScores:
-    """Scores of Q queries, each (Q,) float64; the draw scores are None without >= 1 draw, and
-    top_mahalanobis without the query's mean, its candidates and the side of the caption.
+    """Scores of Q queries, each (Q,) float64; the draw scores are None without >= 1 draw,
+    top_mahalanobis without the query's mean, its candidates and the side of the caption, and
+    novelty for queries whose encoder does not compute it.
 
     `posterior` (Q, M) is the deterministic retrieval posterior softmax(-d / T) over each
     query's shortlist: the `score` of each result.
@@ -73,6 +78,7 @@ class QueryScores:
     posterior_entropy: np.ndarray
     posterior: np.ndarray
     top_mahalanobis: np.ndarray | None = None
+    novelty: np.ndarray | None = None
 
     def get(self, name: str) -> np.ndarray | None:
         """The (Q,) values of one score by name (SCORE_NAMES)."""
@@ -88,13 +94,14 @@ class QueryScores:
 class GaussianQueries(Protocol):
     """Q encoded queries (models.onnx.encoder_runtime.Embeddings is one): mu, logvar (Q, D) and
     the MC draws mc_mu, mc_logvar (L, Q, D) or None; identical_draws: every draw is the
-    deterministic embedding (an encoder without dropout)."""
+    deterministic embedding (an encoder without dropout); novelty (Q,) or None."""
 
     mu: np.ndarray
     logvar: np.ndarray
     mc_mu: np.ndarray | None
     mc_logvar: np.ndarray | None
     identical_draws: bool
+    novelty: np.ndarray | None
 
 
 @dataclass
@@ -196,9 +203,11 @@ def _block_scores(
     draws = None
     if queries.mc_mu is not None and queries.mc_logvar is not None:
         draws = (tensor(queries.mc_mu, 1), tensor(queries.mc_logvar, 1))  # (L, Q', D) each
+    novelty = None if queries.novelty is None else np.take(queries.novelty, members)
     return block_scores(
-        metric, query, draws, candidates, temperatures, queries.identical_draws, caption_query
-    )
+        metric, query, draws, candidates, temperatures, queries.identical_draws, caption_query,
+        novelty,
+    )  # fmt: skip
 
 
 def shortlist_scores(
@@ -232,15 +241,22 @@ def block_scores(
     temperatures: Sequence[float],
     identical_draws: bool = False,
     caption_query: bool | None = None,
+    novelty: np.ndarray | None = None,
 ) -> list[QueryScores]:
-    """shortlist_scores at each of `temperatures`, from one computation of the distances."""
+    """shortlist_scores at each of `temperatures`, from one computation of the distances;
+    `novelty` (Q,): the queries' novelty from their encoder, passed through."""
     if draws is not None and draws[0].shape[0] > 0 and identical_draws:
-        alone = block_scores(metric, query, None, candidates, temperatures, False, caption_query)
+        alone = block_scores(
+            metric, query, None, candidates, temperatures, False, caption_query, novelty
+        )
         return [agreeing_draws(scores) for scores in alone]
     distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
     mc_mu = None if mc_distances is None or draws is None else draws[0]
     fit = None if caption_query is None else CaptionFit(query[0], candidates, caption_query)
-    return [query_scores(query[1], distances, t, mc_mu, mc_distances, fit) for t in temperatures]
+    return [
+        query_scores(query[1], distances, t, mc_mu, mc_distances, fit, novelty)
+        for t in temperatures
+    ]
 
 
 def agreeing_draws(scores: QueryScores) -> QueryScores:
@@ -298,6 +314,7 @@ def query_scores(
     mc_mu: torch.Tensor | None = None,
     mc_distances: torch.Tensor | None = None,
     fit: CaptionFit | None = None,
+    novelty: np.ndarray | None = None,
 ) -> QueryScores:
     """Scores of Q queries over their shortlists.
 
@@ -309,6 +326,7 @@ def query_scores(
         mc_mu: (L, Q, D) means of the L MC draws, or None.
         mc_distances: (L, Q, M) distances of each draw to the same candidates, or None.
         fit: the means and side of the caption that top_mahalanobis needs, or None.
+        novelty: (Q,) the queries' novelty from their encoder, or None.
     """
     num_candidates = distances.shape[-1]
     posterior = retrieval_posterior(_padded(distances), temperature)  # (Q, M')
@@ -328,6 +346,7 @@ def query_scores(
         posterior_entropy=_entropy_of(mean_posterior).cpu().numpy(),
         posterior=posterior[..., :num_candidates].cpu().numpy(),
         top_mahalanobis=None if fit is None else fit.top_mahalanobis(logvar, distances),
+        novelty=None if novelty is None else np.asarray(novelty, dtype=np.float64),
     )
 
 
@@ -338,15 +357,16 @@ def _padded(distances: torch.Tensor) -> torch.Tensor:
     return F.pad(distances.double(), (0, extra), value=math.inf)
 
 
-def unfamiliar(log_det: np.ndarray | float, limit: float | None) -> np.ndarray | bool:
-    """Whether a query's log-det is above the familiarity gate `limit` (indexer.calibration):
-    an image unlike the training images, rejected whatever its reject score. None: no gate."""
+def unfamiliar(values: np.ndarray | float, limit: float | None) -> np.ndarray | bool:
+    """Whether a query's familiarity score (the calibration's gate_score: novelty, or log_det
+    for a model without it) is above the gate `limit` (indexer.calibration): an image unlike
+    the training images, rejected whatever its reject score. None: no gate."""
     if limit is None:
-        return np.zeros(np.shape(log_det), dtype=bool) if np.ndim(log_det) else False
-    return np.asarray(log_det) > limit if np.ndim(log_det) else bool(log_det > limit)
+        return np.zeros(np.shape(values), dtype=bool) if np.ndim(values) else False
+    return np.asarray(values) > limit if np.ndim(values) else bool(values > limit)
 
 
-def gated(values: np.ndarray, log_det: np.ndarray, limit: float | None) -> np.ndarray:
+def gated(values: np.ndarray, gate_values: np.ndarray, limit: float | None) -> np.ndarray:
     """A reject score with the familiarity gate folded in: +inf where the query is unfamiliar
-    (its log-det above `limit`), so it is rejected whatever the threshold."""
-    return np.where(unfamiliar(log_det, limit), np.inf, values)
+    (its gate score above `limit`), so it is rejected whatever the threshold."""
+    return np.where(unfamiliar(gate_values, limit), np.inf, values)

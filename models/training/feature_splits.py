@@ -51,6 +51,7 @@ def load_feature_splits(
         text_backbone_dim=text.dim,
         image_size=image.image_size or config.image_size,
         max_caption_tokens=text.max_tokens or config.max_caption_tokens,
+        novelty_bank=min(config.novelty_bank, len(train.pixels)),
     )
     return train, val, config, text
 

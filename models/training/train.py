@@ -435,6 +435,14 @@ def _training_splits(
     return train_split, val_split, model_config.replace(vocab_size=len(tokenizer))
 
 
+def _fit_novelty(model: ProbabilisticModel, split: SplitTensors, seed: int) -> None:
+    """Fill the image heads' novelty bank from the train split's backbone vectors (models on
+    pretrained backbones; the checkpoint then holds it)."""
+    novelty = getattr(model.image_encoder, "novelty", None)
+    if novelty is not None:
+        novelty.fit(split.pixels, seed)
+
+
 def _refuse_for_backbones(config: TrainConfig) -> None:
     """The training aids that need pixels or a trunk to train: synthetic outlier images,
     swapped captions and images, and the label and attribute probes of the trunk."""
@@ -530,6 +538,7 @@ def train(
         )
         device = pick_device()
         model = build_model(model_config).to(device)
+        _fit_novelty(model, train_split, train_config.seed)
         probes = _image_probes(model_config, train_config, train_split)
         groups = parameter_groups(model, train_config)
         if probes is not None:

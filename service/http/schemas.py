@@ -86,7 +86,7 @@ class SearchOptions(BaseModel):
         None,
         description="Reject when the reject score (query.reject_score.name, chosen by "
         "calibration) exceeds this; default: the calibrated rule (its threshold, and for image "
-        "queries the log-det gate for images unlike the training images).",
+        "queries the familiarity gate for images unlike the training images).",
     )
     return_embedding: bool = Field(False, description="Return the query's mu and logvar.")
 

@@ -157,15 +157,17 @@ def test_baselines_flow_from_the_reports_to_the_tables_and_one_finding_per_run_a
     probes = {"photos": 3, "shapes_probes": 4}
     shift = ood_section(runs, stats, probes, "shapes")
     tables = "\n".join(uncertainty_section(runs, stats, results) + shift)
-    header = "| model | log-det | entropy | feat. unc. | MI | post. entropy | top-1 dist. | margin "
+    header = "| model | log-det | entropy | feat. unc. | MI | post. entropy | novelty "
+    header += "| top-1 dist. | margin "
     assert header + "| top-1 instab. | reject score (val-chosen) | its nAUPRC |" in tables
     assert "| 0.100 ± 0.000 | 0.050 ± 0.050 | 0.410 ± 0.010 | log-det, log-det, log-det |" in tables
     assert "### 3 real photographs" in shift and "### 4 shapes images" in shift
     photos, shapes = shift.index("### 3 real photographs"), shift.index("### 4 shapes images")
     vse_photos = next(ln for ln in shift[photos:shapes] if ln.startswith("| vse |"))
-    assert vse_photos.endswith("| 10.5 ± 0.5 | 10.5 ± 0.5 |")  # rejected %: nAUPRC / 2
+    # rejected %: nAUPRC / 2 for the reject score and the log-det; no novelty in these reports
+    assert vse_photos.endswith("| 10.5 ± 0.5 | 10.5 ± 0.5 | n/a |")
     vse_shapes = next(ln for ln in shift[shapes:] if ln.startswith("| vse |"))
-    assert "| 0.790 ± 0.010 |" in vse_shapes and vse_shapes.endswith("| n/a | n/a |")
+    assert "| 0.790 ± 0.010 |" in vse_shapes and vse_shapes.endswith("| n/a | n/a | n/a |")
     lines = [ln for ln in baseline_findings(runs, stats) if ln.startswith("- ")]
     assert len(lines) == len(runs) * len(DIRECTIONS)
     assert lines[0] == (

@@ -1,12 +1,19 @@
 """Version dirs: memory-mapped arrays, metadata by row, checksums and counts, float16 storage,
 metrics a version can and cannot serve, calibration updates."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from indexer.manifest import Calibration, ManifestError, read_manifest, verify_checksums
+from indexer.manifest import (
+    Calibration,
+    Manifest,
+    ManifestError,
+    read_manifest,
+    verify_checksums,
+)
 from indexer.store import UnsupportedMetricError, open_version
 from indexer.version_writer import update_calibration
 from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
@@ -87,3 +94,15 @@ def test_float16_arrays_and_calibration_update(tmp_path: Path) -> None:
     verify_checksums(tmp_path / "v16", manifest)  # the manifest is not in its own checksums
     with pytest.raises(ManifestError, match="unknown metrics"):
         update_calibration(tmp_path / "v16", {"cosine": Calibration()})
+
+
+def test_a_manifest_written_before_the_novelty_gate_keeps_its_log_det_gate(
+    version_dir: Path,
+) -> None:
+    """Older manifests name the gate's limit log_det_limit; it is read as a log-det gate."""
+    path = version_dir / "manifest.json"
+    data = json.loads(path.read_text())
+    data["calibration"]["w2"] = {"temperature": 0.5, "threshold": 0.3, "score": "log_det",
+                                 "log_det_limit": -120.0}  # fmt: skip
+    manifest = Manifest.from_json(json.dumps(data))
+    assert manifest.calibration["w2"] == Calibration(0.5, 0.3, "log_det", "log_det", -120.0)

@@ -122,22 +122,47 @@ def test_a_log_det_that_flags_outlier_images_gates_them_beside_the_best_score() 
     outliers = {"posterior_entropy@T1": rng.normal(0.5, 0.5, 100), "log_det": np.full(100, 9.0)}
     chosen = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), outliers)
     assert chosen.score == "posterior_entropy"
-    assert chosen.log_det_limit == pytest.approx(np.quantile(log_det, FAMILIAR_QUANTILE))
+    assert chosen.gate_score == "log_det"
+    assert chosen.gate_limit == pytest.approx(np.quantile(log_det, FAMILIAR_QUANTILE))
     assert chosen.outlier_auroc["log_det"] == 1.0
     assert chosen.outliers_rejected == 1.0
-    kept = (sharp <= chosen.threshold) & (log_det <= chosen.log_det_limit)
+    kept = (sharp <= chosen.threshold) & (log_det <= chosen.gate_limit)
     assert chosen.kept_fraction == kept.mean() >= 0.8
     assert chosen.target_met
     hidden = {**outliers, "log_det": rng.normal(0, 1.0, 100)}
     ungated = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), hidden)
-    assert ungated.log_det_limit is None
+    assert ungated.gate_limit is None
     assert ungated.outlier_auroc["log_det"] < OUTLIER_AUROC_FLOOR
     plain = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8))
     assert plain.outlier_auroc == {} and plain.gate_note() == ""
     assert chosen.gate_note() == (
-        f"; log-det gate {chosen.log_det_limit:.1f}, rejects 100% of outlier images"
+        f"; log_det gate {chosen.gate_limit:.4g}, rejects 100% of outlier images"
     )
     assert ungated.gate_note().startswith("; rejects ") and "gate" not in ungated.gate_note()
+
+
+def test_the_gate_reads_the_familiarity_score_that_flags_the_outliers_best() -> None:
+    """With both novelty and log_det flagging the outliers, the better one gates (novelty at
+    equal AUROC); the gate's limit is its FAMILIAR_QUANTILE quantile over the queries."""
+    rng = np.random.default_rng(2)
+    correct = rng.random(300) < 0.5
+    novelty, log_det = rng.random(300), rng.normal(0, 1.0, 300)
+    scores = {"top_mahalanobis": np.where(correct, 0.0, 1.0), "novelty": novelty,
+              "log_det": log_det}  # fmt: skip
+    outliers = {"top_mahalanobis": np.zeros(50), "novelty": np.full(50, 2.0),
+                "log_det": np.linspace(-1.0, 9.0, 50)}  # fmt: skip
+    chosen = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), outliers)
+    assert (chosen.score, chosen.gate_score) == ("top_mahalanobis", "novelty")
+    assert chosen.gate_limit == pytest.approx(np.quantile(novelty, FAMILIAR_QUANTILE))
+    assert chosen.gate_note().startswith(f"; novelty gate {chosen.gate_limit:.4g}, rejects 100%")
+    tied = {**outliers, "log_det": np.full(50, 9.0)}
+    assert summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), tied).gate_score == (
+        "novelty"
+    )
+    blind = {**outliers, "novelty": rng.random(50)}
+    fallback = summarise("w2", (1.0,), scores, correct, Target(coverage=0.8), blind)
+    assert fallback.gate_score == "log_det"
+    assert fallback.gate_limit == pytest.approx(np.quantile(log_det, FAMILIAR_QUANTILE))
 
 
 @pytest.mark.parametrize(
@@ -176,9 +201,10 @@ def test_calibrate_records_score_t_and_tau_per_metric(calibrated: Path, modality
         assert set(outliers) == (set(quality) if modality == "text" else set())
         chosen = candidate_name(calibration.score, calibration.temperature)
         assert math.isclose(quality[chosen], max(quality.values()))
-        assert calibration.log_det_limit == result["log_det_limit"]
+        assert calibration.gate_score == result["gate_score"]
+        assert calibration.gate_limit == result["gate_limit"]
         if outliers.get("log_det", 0.0) < OUTLIER_AUROC_FLOOR:
-            assert calibration.log_det_limit is None
+            assert calibration.gate_limit is None
         assert result["kept_fraction"] >= 0.6
         assert result["target_met"]
 
@@ -238,7 +264,10 @@ def test_an_image_above_the_familiarity_gate_is_rejected_by_its_log_det(
     registry = ActiveRegistry(root, None)
     version_dir = registry.version_path("text", registry.active_version("text"))
     manifest = read_manifest(version_dir)
-    gated = {m: replace(c, log_det_limit=-1e9) for m, c in manifest.calibration.items()}
+    gated = {
+        m: replace(c, gate_score="log_det", gate_limit=-1e9)
+        for m, c in manifest.calibration.items()
+    }
     update_calibration(version_dir, gated)
     image = next((artifacts.shapes / "images").glob("*.png")).read_bytes()
     with (

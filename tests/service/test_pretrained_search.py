@@ -5,6 +5,7 @@ same whether the query is sent as a caption or image, or as its backbone vector.
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from indexer.manifest import read_manifest
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
@@ -116,6 +118,37 @@ def test_an_image_vector_gets_the_images_answer(served) -> None:
     vector = image.encode([picture])[0].tolist()
     by_vector = search(server, "/search/embedding", features=vector, gallery="text", k=6)
     assert [h["id"] for h in by_vector["results"]] == [h["id"] for h in by_image["results"]]
+
+
+def test_calibration_gates_image_queries_on_novelty_and_noise_is_rejected(served, tmp_path):
+    """`probsearch calibrate` sets the image queries' familiarity gate on novelty (it flags
+    the synthetic outliers better than the log-det); a noise picture is then rejected naming
+    novelty, with the value its answer reports, sent as a picture or as its backbone vector.
+    Captions carry no novelty."""
+    _, data, index_root = served
+    root = Path(shutil.copytree(index_root, tmp_path / "indexes"))
+    model = index_root.parent / "model"
+    probsearch("calibrate", "--data", data, "--index-root", root, "--model", model,
+               "--target-coverage", "0.8", "--mc-samples", "4")  # fmt: skip
+    gate = read_manifest(active_version(root, "text")).calibration["w2"]
+    assert gate.gate_score == "novelty" and gate.gate_limit is not None
+    noise = Image.fromarray(np.random.default_rng(4).integers(0, 256, (96, 96, 3), np.uint8))
+    png = io.BytesIO()
+    noise.save(png, format="PNG")
+    vector = load_backbone("efficientnet-lite0", "image").encode([noise])[0].tolist()
+    artifacts = type("Artifacts", (), {"model": model, "index_root": root})
+    with ServerThread(make_settings(artifacts)) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            picture = client.post("/search/image", files={"image": ("n.png", png.getvalue())})
+        as_vector = search(server, "/search/embedding", features=vector, gallery="text")
+        caption = search(server, "/search/text", text="a red circle")
+    for query in (picture.json()["query"], as_vector["query"]):
+        assert query["novelty"] > gate.gate_limit
+        assert query["rejected"] is True
+        assert query["reject_score"] == {
+            "name": "novelty", "value": query["novelty"], "threshold": gate.gate_limit,
+        }  # fmt: skip
+    assert caption["query"]["novelty"] is None
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,9 @@ def test_service_calibration_and_eval_give_identical_scores(
     finally:
         version.close()
     for q, scores in enumerate(served):
-        for name in SCORE_NAMES:
+        assert scores["novelty"] is None  # a model without backbones has no novelty
+        assert "novelty" not in calibrated and "novelty" not in evaluated
+        for name in (n for n in SCORE_NAMES if n != "novelty"):
             key = candidate_name(name, TEMPERATURE)
             assert scores[name] is not None
             assert calibrated[key][q] == pytest.approx(scores[name], rel=1e-9, abs=1e-12), name
