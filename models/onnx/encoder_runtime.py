@@ -186,8 +186,11 @@ class OnnxEncoder:
         if self.pretrained:
             ids, attention = caption_tokens(self.tokenizer, texts)
             masks = self._masks(item_generators(seed, len(texts)), "dropout_masks", mc_samples)
-            feeds = {"input_ids": ids, "attention_mask": attention, "dropout_masks": masks}
-            return self._run(feeds, len(texts), mc_samples)
+            # Shortest first, so that each chunk of batch_size is padded to about its own length.
+            order = np.argsort(attention.sum(axis=1), kind="stable")
+            feeds = {"input_ids": ids[order], "attention_mask": attention[order],
+                     "dropout_masks": masks[:, order]}  # fmt: skip
+            return _in_order(self._run(feeds, len(texts), mc_samples), order)
         ids, lengths = self.tokenizer.encode_batch(texts, self.config.max_caption_tokens)
         rngs = item_generators(seed, len(texts))
         # Word masks are drawn at the longest caption length, so an item's draws do not depend
@@ -285,6 +288,21 @@ class OnnxEncoder:
             out.embeddings = embeddings[0]
             out.mc_embeddings = embeddings[1:] if mc_samples else None
         return out
+
+
+def _in_order(out: Embeddings, order: np.ndarray) -> Embeddings:
+    """`out` of items encoded in `order`, put back in the order they were given."""
+    back = np.argsort(order)
+
+    def items(array: np.ndarray | None, axis: int) -> np.ndarray | None:
+        return None if array is None else np.take(array, back, axis=axis)
+
+    return Embeddings(
+        mu=items(out.mu, 0), logvar=items(out.logvar, 0), mc_mu=items(out.mc_mu, 1),
+        mc_logvar=items(out.mc_logvar, 1), embeddings=items(out.embeddings, 0),
+        mc_embeddings=items(out.mc_embeddings, 1), identical_draws=out.identical_draws,
+        novelty=items(out.novelty, 0),
+    )  # fmt: skip
 
 
 def _graph_file(modality: str, heads_only: bool) -> str:

@@ -18,9 +18,11 @@ class CountingEncoder:
 
     def __init__(self) -> None:
         self.seen = 0
+        self.batches: list[list] = []
 
     def __call__(self, batch) -> torch.Tensor:
         self.seen += len(batch)
+        self.batches.append(list(batch))
         if isinstance(batch[0], str):
             return torch.tensor(
                 [[len(t), sum(c in "aeiou" for c in t)] for t in batch], dtype=torch.float32
@@ -39,6 +41,11 @@ def test_features_are_computed_once_then_read_back(dataset_dir: Path) -> None:
     assert encoder.seen == len(ids) == len(dataset.split("val").captions) > 0
     assert ids == [c.id for c in dataset.split("val").captions]
     assert first.shape == (len(ids), 2) and first.dtype == np.float32
+    captions = dataset.split("val").captions  # each row is its own caption's, in the split's order
+    expected = [[len(c.text), sum(ch in "aeiou" for ch in c.text)] for c in captions]
+    np.testing.assert_array_equal(first, expected)
+    lengths = [len(text) for batch in encoder.batches for text in batch]
+    assert lengths == sorted(lengths)  # encoded shortest first: little padding per batch
     again_ids, again = split_features(dataset, "val", "text", "counting-1", encoder)
     assert encoder.seen == len(ids) and again_ids == ids
     np.testing.assert_array_equal(again, first)

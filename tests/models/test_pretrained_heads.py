@@ -237,3 +237,23 @@ def test_a_users_onnx_backbones_train_export_and_serve(small_data, tmp_path) -> 
         ones = torch.ones(1, len(CAPTIONS), sum(model.text_encoder.mask_widths))
         mu, _ = model.text_encoder(torch.from_numpy(features), ones)
     np.testing.assert_allclose(served.mu, mu.numpy(), atol=1e-4)
+
+
+def test_captions_encoded_shortest_first_come_back_in_their_order(pretrained_dir) -> None:
+    """Chunks of 2 captions sorted by length give each caption what it gets alone, with the
+    same draws (its own seed)."""
+    captions = [
+        "a much longer caption about a red circle beside two squares",
+        "tux",
+        "a star",
+        "the longest caption of all, naming a green triangle and a blue circle",
+        "cat",
+    ]
+    seeds = [11, 12, 13, 14, 15]
+    chunked = OnnxEncoder(pretrained_dir, "text", batch_size=2).encode_texts(captions, 3, seeds)
+    alone = OnnxEncoder(pretrained_dir, "text")
+    for i, (caption, seed) in enumerate(zip(captions, seeds, strict=True)):
+        one = alone.encode_texts([caption], 3, [seed])
+        np.testing.assert_allclose(chunked.mu[i], one.mu[0], atol=1e-5)
+        np.testing.assert_allclose(chunked.mc_mu[:, i], one.mc_mu[:, 0], atol=1e-5)
+        np.testing.assert_allclose(chunked.mc_logvar[:, i], one.mc_logvar[:, 0], atol=1e-5)
