@@ -113,6 +113,12 @@ class Settings(BaseSettings):
     # Request limits.
     max_text_chars: int = Field(1000, ge=1)
     max_image_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    max_json_bytes: int = Field(
+        512 * 1024,
+        ge=1024,
+        description="Largest JSON request body (every route but /search/image): three vectors "
+        "of max_embedding_dim numbers fit in about 330 KB.",
+    )
     max_image_pixels: int | None = Field(
         None,
         ge=1,

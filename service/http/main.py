@@ -76,7 +76,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, paths=set(app.openapi()["paths"])
     )
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        max_json_bytes=settings.max_json_bytes,
+        large_paths=search.IMAGE_PATHS,
+    )
     app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=settings.request_body_timeout_s)
     if settings.cors_origins:
         app.add_middleware(

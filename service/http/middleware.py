@@ -77,20 +77,30 @@ class BodyReadTimeoutMiddleware:
 
 
 class BodySizeLimitMiddleware:
-    """413 for request bodies over `max_bytes`, by Content-Length or while streaming."""
+    """413 for request bodies over their route's limit, by Content-Length or while streaming:
+    `max_bytes` on the routes that take an image (`large_paths`), `max_json_bytes` on every
+    other. A JSON route's largest valid body is a few hundred KB (three vectors of
+    max_embedding_dim numbers), so a multi-megabyte one is refused before it is read, and
+    never parsed on the event loop."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, max_json_bytes: int, large_paths: frozenset[str]
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_json_bytes = max_json_bytes
+        self.large_paths = large_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        image_route = scope.get("path") in self.large_paths
+        limit = self.max_bytes if image_route else self.max_json_bytes
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._too_large(scope, receive, send, limit, image_route)
             return
         if declared is not None:
             await self.app(scope, receive, send)
@@ -100,19 +110,24 @@ class BodySizeLimitMiddleware:
             message = await receive()
             messages.append(message)
             size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._too_large(scope, receive, send)
+            if size > limit:
+                await self._too_large(scope, receive, send, limit, image_route)
                 return
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break
         await self.app(scope, _replay(messages, receive), send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+    @staticmethod
+    async def _too_large(
+        scope: Scope, receive: Receive, send: Send, limit: int, image_route: bool
+    ) -> None:
+        hint = (
+            "send a smaller image (the limit is the max_image_bytes setting)"
+            if image_route
+            else "this route takes JSON up to the max_json_bytes setting"
+        )
         response = error_response(
-            413,
-            "payload_too_large",
-            f"request body exceeds {self.max_bytes} bytes; send a smaller image "
-            "(the limit is the max_image_bytes setting)",
+            413, "payload_too_large", f"request body exceeds {limit} bytes; {hint}"
         )
         await response(scope, receive, send)
 

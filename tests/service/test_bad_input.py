@@ -2,6 +2,7 @@
 
 import base64
 import io
+import json
 import struct
 import zlib
 from collections.abc import Callable
@@ -86,6 +87,9 @@ BAD_REQUESTS = {
     "PNG bomb as base64": (b64(png_claiming(7000, 7000)), 413, "7000x7000"),
     "image over the byte limit": (upload(b"\x89PNG" + b"0" * 250_000), 413, "larger than 200000"),
     "body over the byte limit": (upload(b"0" * 400_000), 413, "request body exceeds"),
+    "JSON body over its route's limit": (
+        lambda c: c.post("/search/text", json={"text": "a" * 600_000}),
+        413, "request body exceeds 524288 bytes; this route takes JSON up to the max_json_bytes"),
     "malformed base64": (lambda c: c.post("/search/image", json={"image_base64": "@@not*b64"}),
                          422, "image_base64 is not valid base64"),
     "missing image part": (lambda c: c.post("/search/image", files={"k": (None, "3")}),
@@ -134,6 +138,25 @@ def test_bad_request_gets_its_status_and_message(client: httpx.Client, name: str
     documented = client.get("/openapi.json").json()["paths"]
     path = response.request.url.path
     assert str(status) in documented[path]["post"]["responses"]
+
+
+def test_json_routes_have_their_own_body_limit(artifacts: Artifacts) -> None:
+    """A JSON body over max_json_bytes is refused by its Content-Length, before it is read;
+    an image of the same size still reaches /search/image. The largest valid embedding body
+    (mu, logvar and features of max_embedding_dim numbers, each as long as a float prints)
+    fits the default limit."""
+    settings = make_settings(artifacts, max_json_bytes=4096)
+    image = io.BytesIO()
+    Image.effect_noise((48, 48), 60).convert("RGB").save(image, format="PNG")
+    assert len(image.getvalue()) > 5000
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url) as http:
+        refused = http.post("/search/text", json={"text": "a" * 5000})
+        assert refused.status_code == 413 and "max_json_bytes" in refused.json()["detail"]
+        files = {"image": ("noise.png", image.getvalue(), "image/png")}
+        assert http.post("/search/image", files=files).status_code == 200
+    widest = [-1234.5678901234567] * make_settings(artifacts).max_embedding_dim
+    body = {"mu": widest, "logvar": widest, "features": widest, "gallery": "image"}
+    assert len(json.dumps(body)) < make_settings(artifacts).max_json_bytes
 
 
 def test_admin_reload_needs_a_valid_key(client: httpx.Client, artifacts: Artifacts) -> None:

@@ -24,6 +24,8 @@ from service.searcher import GALLERY_OF_KIND, QueryInput
 
 # The API key dependency is added by the app factory when require_api_key_for_search is set.
 router = APIRouter(prefix="/search", tags=["search"], responses=SEARCH_ERROR_RESPONSES)
+# The routes whose body may hold an image (up to max_image_bytes); the others take JSON only.
+IMAGE_PATHS = frozenset({"/search/image"})
 
 _IMAGE_FORM_SCHEMA = {
     "type": "object",
