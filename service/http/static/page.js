@@ -4,6 +4,11 @@
 const K_CHOICES = [5, 10, 20, 50, 100];
 const GALLERY_NAMES = { image: "image index", text: "caption index" };
 const SCORE_NAMES = { mutual_information: "mutual information" };
+// Why a query is refused, in words, for the scores whose meaning a reader cannot guess.
+const REASONS = {
+  novelty: " This picture looks unlike anything the model was trained on: its backbone sees " +
+    "it farther from every training picture than almost all of them are from each other.",
+};
 
 const state = { config: null, lastQuery: null };
 const $ = (id) => document.getElementById(id);
@@ -184,7 +189,7 @@ function showVerdict(queryInfo) {
   const name = SCORE_NAMES[score.name] || score.name.replaceAll("_", " ");
   $("verdict").hidden = false;
   $("banner").hidden = !queryInfo.rejected;
-  $("banner-detail").textContent =
+  $("banner-detail").textContent = (REASONS[score.name] || "") +
     ` Its ${name} ${format(score.value)} is above the threshold ${format(score.threshold)}.` +
     " The results are shown below, but treat them with care.";
   drawGauge(score, name, queryInfo);
