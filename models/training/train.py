@@ -36,7 +36,7 @@ from models.networks.probabilistic_model import (
     save_checkpoint,
 )
 from models.networks.tokenizer import Tokenizer
-from models.objectives import BatchEmbeddings, batch_loss
+from models.objectives import INITIAL_MATCH_SHIFT, BatchEmbeddings, batch_loss
 from models.objectives.hinge import similarity_matrix
 from models.objectives.labels import ImageProbes
 from models.onnx.export import export_encoders
@@ -538,6 +538,9 @@ def train(
         )
         device = pick_device()
         model = build_model(model_config).to(device)
+        if train_config.objective in INITIAL_MATCH_SHIFT:  # a resumed run loads its own below
+            with torch.no_grad():
+                model.match_shift.fill_(INITIAL_MATCH_SHIFT[train_config.objective])
         _fit_novelty(model, train_split, train_config.seed)
         probes = _image_probes(model_config, train_config, train_split)
         groups = parameter_groups(model, train_config)

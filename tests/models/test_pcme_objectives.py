@@ -9,6 +9,8 @@ import torch
 from torch.distributions import Normal
 
 from models.distance.gaussian import pairwise_distance
+from models.networks.probabilistic_model import INITIAL_MATCH_SCALE
+from models.objectives import INITIAL_MATCH_SHIFT
 from models.objectives.match_probability import balanced_mean, pcme_loss, pcmepp_loss
 
 TRIVIAL_BALANCED_BCE = 2 * math.log(2)  # one constant p for every pair: p = 1/2 is best
@@ -152,3 +154,10 @@ def test_loss_falls_well_below_its_trivial_value_on_a_separable_problem(objectiv
         nearest = pairwise_distance("csd", *caption, *image).argmin(dim=1)
     assert final.item() < 0.2 * TRIVIAL_BALANCED_BCE
     assert torch.equal(nearest, owner)
+
+
+def test_pcme_starts_unrelated_unit_means_at_even_odds() -> None:
+    """PCME's initial b puts two unrelated unit means (sqrt 2 apart) at p = 1/2 under the
+    default a, the balanced loss's best constant probability."""
+    logit = -INITIAL_MATCH_SCALE * math.sqrt(2) + INITIAL_MATCH_SHIFT["pcme"]
+    assert abs(torch.sigmoid(torch.tensor(logit)).item() - 0.5) < 0.05
