@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         60, ge=1, description="Window of admin_auth_max_failures; then 429 until it passes."
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Addresses of the reverse proxies whose X-Forwarded-For names the client "
+        "(the admin lockout counts by client address); empty: the socket's peer is the client "
+        "and forwarded headers are ignored, so nobody can forge an address.",
+    )
 
     # HTTP server.
     host: str = "127.0.0.1"
@@ -150,7 +156,7 @@ class Settings(BaseSettings):
     # Re-rank of metrics without a native index (bhattacharyya, elk, match_prob).
     candidate_metric: str = "w2"
 
-    @field_validator("api_keys", "cors_origins", "galleries", mode="before")
+    @field_validator("api_keys", "cors_origins", "galleries", "trusted_proxies", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split_commas(value)
@@ -194,10 +200,16 @@ class Settings(BaseSettings):
         }
         return self.model_copy(update=missing) if missing else self
 
-    def uvicorn_options(self) -> dict[str, float]:
+    def uvicorn_options(self) -> dict[str, Any]:
         """Server options that bound idle and slow connections (the body deadline is the
-        app's own: service.http.middleware.BodyReadTimeoutMiddleware)."""
-        return {"timeout_keep_alive": self.keep_alive_timeout_s}
+        app's own: service.http.middleware.BodyReadTimeoutMiddleware), and whose forwarded
+        headers are believed: only those of `trusted_proxies` (uvicorn's default trusts
+        127.0.0.1, so a forged X-Forwarded-For through a local proxy chose the address)."""
+        return {
+            "timeout_keep_alive": self.keep_alive_timeout_s,
+            "proxy_headers": bool(self.trusted_proxies),
+            "forwarded_allow_ips": ",".join(self.trusted_proxies) or None,
+        }
 
     @property
     def max_body_bytes(self) -> int:

@@ -62,3 +62,35 @@ def test_limiter_counts_per_client_and_per_key(shared: str) -> None:
     blocked = ("10.0.0.1", "key-c") if shared == "client" else ("10.0.0.3", "key-a")
     assert limiter.retry_after_s(limiter.identities(*blocked)) is not None
     assert limiter.retry_after_s(limiter.identities("10.0.0.9", "key-z")) is None
+
+
+def from_address(url: str, address: str) -> httpx.Client:
+    """A client whose connections leave from `address` (any 127.x.y.z is this machine)."""
+    return httpx.Client(base_url=url, transport=httpx.HTTPTransport(local_address=address))
+
+
+def test_a_forged_forwarded_for_neither_bypasses_nor_redirects_the_lockout(
+    artifacts: Artifacts,
+) -> None:
+    """By default X-Forwarded-For is ignored: guesses that each name another address are all
+    charged to their socket's, and the address they name (a victim's) is not locked out.
+    Naming the proxy in trusted_proxies makes the header count."""
+    settings = make_settings(artifacts, admin_auth_max_failures=3, admin_auth_window_s=60)
+    with ServerThread(settings) as server, from_address(server.url, "127.0.0.1") as attacker:
+        codes = [attacker.post("/admin/reload", headers={"X-API-Key": f"guess-{i:016d}",
+                                                          "X-Forwarded-For": f"10.0.0.{i}"})
+                 for i in range(4)]  # fmt: skip
+        assert [r.status_code for r in codes] == [401, 401, 401, 429]
+        framing = {"X-API-Key": "wrong-key-0000000000", "X-Forwarded-For": "127.0.0.2"}
+        assert attacker.post("/admin/reload", headers=framing).status_code == 429
+        with from_address(server.url, "127.0.0.2") as victim:
+            assert victim.post("/admin/reload", headers={"X-API-Key": ADMIN_KEY}).status_code == 200
+    trusting = make_settings(artifacts, admin_auth_max_failures=3, admin_auth_window_s=60,
+                             trusted_proxies=["127.0.0.1"])  # fmt: skip
+    with ServerThread(trusting) as server, from_address(server.url, "127.0.0.1") as proxy:
+        for i in range(4):  # each forwarded client has failures of its own
+            guess = proxy.post(
+                "/admin/reload",
+                headers={"X-API-Key": f"guess-{i:016d}", "X-Forwarded-For": f"10.0.0.{i}"},
+            )
+            assert guess.status_code == 401
