@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
+from starlette.requests import ClientDisconnect
 
 from service.errors import InvalidQueryError, PayloadTooLargeError, UnsupportedMediaTypeError
 from service.http.middleware import BodyReadTimeoutError
@@ -31,7 +32,7 @@ async def read_image_request(request: Request, max_bytes: int) -> tuple[bytes, S
 async def _read_multipart(request: Request, max_bytes: int) -> tuple[bytes, SearchOptions]:
     try:
         form = await request.form(max_files=1, max_fields=20)
-    except BodyReadTimeoutError:
+    except (BodyReadTimeoutError, ClientDisconnect):
         raise
     except Exception as error:  # python-multipart raises several types for malformed bodies
         raise InvalidQueryError(f"malformed multipart body: {error}") from None

@@ -1,13 +1,17 @@
 """ASGI middleware of the app: request body deadline, body size limit, request metrics."""
 
 import asyncio
+import logging
 import time
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
 
 
 def error_response(
@@ -143,8 +147,14 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replay
 
 
+# The status a request is counted under when its client disconnects before sending its whole
+# body (nginx's "client closed request"); no response is sent.
+CLIENT_CLOSED_REQUEST = 499
+
+
 class RequestMetricsMiddleware:
-    """Counts requests and observes latency per endpoint (known paths only, to bound labels)."""
+    """Counts requests and observes latency per endpoint (known paths only, to bound labels);
+    a client that disconnects mid-body is counted under CLIENT_CLOSED_REQUEST."""
 
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics, paths: set[str]) -> None:
         self.app = app
@@ -167,6 +177,15 @@ class RequestMetricsMiddleware:
 
         try:
             await self.app(scope, receive, record_status)
+        except ClientDisconnect:
+            # The client left before its body arrived: nobody to answer and nothing wrong
+            # with the service, so no traceback and no 500 (anyone could drive the 5xx alert).
+            status = CLIENT_CLOSED_REQUEST
+            log.debug(
+                "%s %s: the client disconnected before sending its body",
+                scope.get("method"),
+                scope["path"],
+            )
         finally:
             self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
             self.metrics.request_latency.labels(endpoint=endpoint).observe(

@@ -92,3 +92,53 @@ def test_a_complete_slow_body_within_the_deadline_is_served(strict_server: Serve
     answer = conn.recv(65536)
     conn.close()
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+
+
+def server_errors(metrics: str) -> float:
+    """The 5xx requests counted in a /metrics page."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("probsearch_requests_total{") and 'status="5' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def metrics_page(server: ServerThread) -> str:
+    conn = connect(server)
+    conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    page = read_until_closed(conn).decode()
+    conn.close()
+    return page
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/search/text", "application/json"),
+        ("/search/image", f"multipart/form-data; boundary={BOUNDARY}"),
+    ],
+)
+def test_clients_that_leave_mid_body_add_no_server_error(
+    strict_server: ServerThread, path: str, content_type: str, caplog
+) -> None:
+    """100 clients send half a body and close: each is counted under 499, none as a 5xx, and
+    nothing is logged above debug."""
+    before = server_errors(metrics_page(strict_server))
+    caplog.set_level("INFO")
+    for _ in range(100):
+        conn = connect(strict_server)
+        start = MULTIPART_START if content_type.startswith("multipart") else b'{"text": "a'
+        conn.sendall(lying_request(path, content_type, 1000, start))
+        conn.close()
+    deadline = time.monotonic() + 10
+    while True:
+        page = metrics_page(strict_server)
+        left = f'probsearch_requests_total{{endpoint="{path}",status="499"}}'
+        counted = [float(ln.rsplit(" ", 1)[1]) for ln in page.splitlines() if ln.startswith(left)]
+        if (counted and counted[0] >= 100) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert counted and counted[0] >= 100, "the disconnects were not counted under 499"
+    assert server_errors(page) == before
+    assert not [r for r in caplog.records if r.levelno >= 20 and "Traceback" in r.getMessage()]
+    assert not [r for r in caplog.records if r.levelno >= 40]
