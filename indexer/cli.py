@@ -213,10 +213,16 @@ def gc(
     index_root: RootOpt = None,
     redis_url: RedisOpt = None,
 ) -> None:
-    """Delete old versions, keeping the newest --keep and always the active one."""
+    """Delete old versions, keeping the newest --keep and always the active one, and what
+    dead jobs left behind (their build dirs and pointer temp files)."""
     registry = _registry(index_root, redis_url)
     removed = _run(lambda: registry.gc(modality, keep))
     typer.echo(f"removed {len(removed)} {modality} versions" + "".join(f"\n  {v}" for v in removed))
+    from indexer.job_owner import remove_debris
+
+    debris = remove_debris(registry.modality_dir(modality))
+    if debris:
+        typer.echo(f"removed what dead jobs left: {', '.join(debris)}")
 
 
 @app.command()

@@ -31,6 +31,7 @@ from indexer.calibration_inheritance import (
     inherit_calibration,
 )
 from indexer.embed import CHUNK_ITEMS, MAX_CAPTION_CHARS, EmbedSummary, embed_gallery, load_chunk
+from indexer.job_owner import mark_owner, release_owner, remove_debris
 from indexer.manifest import (
     Calibration,
     Manifest,
@@ -143,6 +144,8 @@ def run_reindex(job: ReindexJob) -> PublishResult:
     milvus = milvus_backend(job.shortlist_backend, job.milvus_uri)
     registry = ActiveRegistry(job.index_root, job.redis_url, aliases=milvus)
     modality_dir = registry.modality_dir(job.modality)
+    for name in remove_debris(modality_dir):
+        log.warning("removed %s, left in %s by a job that is gone", name, modality_dir)
     source = open_source(job.source, job.modality, job.split, job.image_root)
     model_name, model_hash = model_fingerprint(job.model_dir, job.modality)
     key = hashlib.sha256(
@@ -157,6 +160,7 @@ def run_reindex(job: ReindexJob) -> PublishResult:
     tmp_dir = modality_dir / f".tmp-{version}"
     try:
         tmp_dir.mkdir(parents=True)
+        mark_owner(tmp_dir)
         info = {
             "model_name": model_name,
             "model_hash": model_hash,
@@ -175,6 +179,7 @@ def run_reindex(job: ReindexJob) -> PublishResult:
             raise
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)  # gone after the rename; cleanup on failure
+        release_owner(tmp_dir)
     shutil.rmtree(work_dir, ignore_errors=True)
     return PublishResult(version, path, job.activate, report, summary.reused_chunks, inherited.note)
 

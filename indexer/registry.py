@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +22,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from indexer.job_owner import is_dead_here, owner_token
 from indexer.manifest import MANIFEST_NAME, read_manifest
 
 log = logging.getLogger(__name__)
@@ -202,23 +204,44 @@ class ActiveRegistry:
 
     @contextlib.contextmanager
     def _redis_lock(self, modality: str, timeout_s: float) -> Iterator[None]:
+        """The Redis lock as a lease: its value names the owner (indexer.job_owner), a thread
+        renews it every third of `timeout_s` while held, and a lock whose owner is a dead
+        process of this host is broken at once instead of blocking every rerun until it
+        lapses."""
         if self._client is None:
             yield
             return
-        lock = self._client.lock(publish_lock_key(modality), timeout=timeout_s, blocking=False)
+        key = publish_lock_key(modality)
+        lock = self._client.lock(key, timeout=timeout_s, blocking=False, thread_local=False)
         try:
-            acquired = lock.acquire()
+            acquired = lock.acquire(token=owner_token()) or (
+                self._break_dead_lock(key) and lock.acquire(token=owner_token())
+            )
         except redis.RedisError as e:
             log.warning("Redis unreachable (%s): publishing under the local file lock only", e)
             yield
             return
         if not acquired:
-            raise PublishLockedError(self._locked_message(modality, publish_lock_key(modality)))
+            raise PublishLockedError(self._locked_message(modality, key))
+        stop = threading.Event()
+        renewer = threading.Thread(target=_renew, args=(lock, timeout_s, stop), daemon=True)
+        renewer.start()
         try:
             yield
         finally:
+            stop.set()
+            renewer.join()
             with contextlib.suppress(redis.RedisError):
                 lock.release()
+
+    def _break_dead_lock(self, key: str) -> bool:
+        """Delete the lock at `key` if its owner is a dead process of this host; whether it was."""
+        assert self._client is not None
+        holder = self._client.get(key)
+        if holder is None or not is_dead_here(holder.decode()):
+            return False
+        log.warning("breaking the publish lock of %s, a job that is gone", holder.decode())
+        return bool(self._client.eval(_DELETE_IF_EQUAL, 1, key, holder))
 
     @staticmethod
     def _locked_message(modality: str, holder: str) -> str:
@@ -226,6 +249,21 @@ class ActiveRegistry:
             f"another job is publishing a {modality} version right now (lock held by {holder});"
             " wait for it to finish, then run this again"
         )
+
+
+# Delete a key only while it still holds the value read (another job may have taken it since).
+_DELETE_IF_EQUAL = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
+
+
+def _renew(lock: redis.lock.Lock, timeout_s: float, stop: threading.Event) -> None:
+    """Extend the lease to `timeout_s` every third of it until `stop` is set."""
+    while not stop.wait(timeout_s / 3):
+        try:
+            lock.reacquire()
+        except (redis.RedisError, redis.exceptions.LockError) as e:
+            log.warning("could not renew the publish lock: %s", e)
 
 
 def _write_atomically(path: Path, text: str) -> None:
