@@ -7,6 +7,7 @@ down as arguments; nothing below them reads the environment. It lives in models,
 layer, so that the commands of every layer can build it.
 """
 
+import resource
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,9 @@ Modality = Literal["image", "text"]
 # Where the server (and `calibrate`) look when index_root or model is not configured; the other
 # offline commands ask for the flag instead (Settings.with_default_paths).
 DEFAULT_PATHS = {"index_root": Path("indexes"), "model": Path("model")}
+# File descriptors left to the service's own files (model, index versions, Redis, logs) when
+# the connection cap is derived from the descriptor limit.
+FILE_RESERVE = 256
 
 
 def _split_commas(value: object) -> object:
@@ -113,7 +117,16 @@ class Settings(BaseSettings):
         10.0, gt=0, description="Time to receive a whole request body; then 408 and close."
     )
     keep_alive_timeout_s: float = Field(
-        5.0, gt=0, description="Idle keep-alive connections are closed after this long."
+        5.0,
+        gt=0,
+        description="Idle keep-alive connections are closed after this long, and so is a "
+        "connection whose request headers are not complete this long after it opened.",
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Open connections past which a new one gets 503 and is closed; default: "
+        "the file-descriptor limit less 256 for the service's own files, at least 64.",
     )
 
     # Request limits.
@@ -210,6 +223,16 @@ class Settings(BaseSettings):
             "proxy_headers": bool(self.trusted_proxies),
             "forwarded_allow_ips": ",".join(self.trusted_proxies) or None,
         }
+
+    @property
+    def connection_cap(self) -> int:
+        """max_connections, or the soft RLIMIT_NOFILE less FILE_RESERVE (at least 64)."""
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return 65_536
+        return max(64, soft - FILE_RESERVE)
 
     @property
     def max_body_bytes(self) -> int:

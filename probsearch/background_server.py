@@ -6,6 +6,7 @@ import time
 import uvicorn
 
 from models.settings import Settings
+from service.http.connections import server_options
 from service.http.main import create_app
 
 
@@ -19,7 +20,7 @@ class BackgroundServer:
             host=settings.host,
             port=settings.port,
             log_level=log_level,
-            **settings.uvicorn_options(),
+            **server_options(settings),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -27,6 +27,7 @@ def serve(
     """Run the HTTP query service (every setting also reads PROBSEARCH_*; flags win)."""
     import uvicorn
 
+    from service.http.connections import server_options
     from service.http.main import create_app
 
     overrides = {
@@ -49,7 +50,7 @@ def serve(
             host=settings.host,
             port=settings.port,
             log_level=log_level,
-            **settings.uvicorn_options(),
+            **server_options(settings),
         )
         return
     # Worker processes rebuild the settings from the environment: hand the flags on there.
@@ -63,5 +64,5 @@ def serve(
         port=settings.port,
         workers=settings.workers,
         log_level=log_level,
-        **settings.uvicorn_options(),
+        **server_options(settings),
     )

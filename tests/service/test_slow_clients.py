@@ -142,3 +142,57 @@ def test_clients_that_leave_mid_body_add_no_server_error(
     assert server_errors(page) == before
     assert not [r for r in caplog.records if r.levelno >= 20 and "Traceback" in r.getMessage()]
     assert not [r for r in caplog.records if r.levelno >= 40]
+
+
+def test_connections_that_send_no_request_or_drip_headers_are_closed(
+    strict_server: ServerThread,
+) -> None:
+    """50 connections that send nothing and one that sends a header line every 0.4 s are all
+    closed about KEEP_ALIVE_S after they opened, while a search on another connection works."""
+    idle = [connect(strict_server) for _ in range(50)]
+    drip = connect(strict_server)
+    started = time.monotonic()
+    drip.sendall(b"GET /healthz HTTP/1.1\r\n")
+    drip.settimeout(0.4)
+    closed_at = None
+    for i in range(20):  # 8 s of headers if nobody stops it
+        try:
+            drip.sendall(f"X-Drip-{i}: {i}\r\n".encode())
+            if drip.recv(1) == b"":
+                closed_at = time.monotonic() - started
+                break
+        except TimeoutError:
+            continue
+        except OSError:
+            closed_at = time.monotonic() - started
+            break
+    assert closed_at is not None and closed_at < KEEP_ALIVE_S + 1.5, closed_at
+    search = connect(strict_server)
+    body = b'{"text": "a red circle"}'
+    search.sendall(lying_request("/search/text", "application/json", len(body), body))
+    assert search.recv(65536).startswith(b"HTTP/1.1 200 ")
+    search.close()
+    for conn in idle:
+        assert read_until_closed(conn) == b""
+        conn.close()
+    assert time.monotonic() - started < KEEP_ALIVE_S + 3.0
+    drip.close()
+
+
+def test_connections_past_the_cap_get_503_and_are_closed(artifacts: Artifacts) -> None:
+    settings = make_settings(artifacts, keep_alive_timeout_s=30, max_connections=10)
+    with ServerThread(settings) as server:
+        held = [connect(server) for _ in range(10)]
+        time.sleep(0.2)  # accepted in order
+        extra = connect(server)
+        answer = read_until_closed(extra)
+        assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
+        assert b"too_many_connections" in answer and b"retry-after: 1" in answer
+        extra.close()
+        for conn in held:
+            conn.close()
+        time.sleep(0.2)
+        conn = connect(server)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 200 ")
+        conn.close()
