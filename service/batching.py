@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 from service.errors import OverloadedError
+from service.outage_log import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._thread_initializer = thread_initializer
         self._inline_when_alone = inline_when_alone
         self._last_batch_size = 0
+        self._failures = OutageLog(log, f"{name}: a batch")
         self._busy = False  # a batch is being gathered or processed
         self._queue: asyncio.Queue[tuple[ItemT, asyncio.Future]] | None = None
         self._task: asyncio.Task | None = None
@@ -114,8 +116,9 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._last_batch_size = 1
         try:
             (result,) = self._process([item])
+            self._failures.succeeded()
         except Exception as error:
-            log.exception("batch of 1 item failed")
+            self._failures.failed(error)
             result = error
         if self._on_batch is not None:
             self._on_batch(1)
@@ -134,8 +137,9 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                 results = await loop.run_in_executor(self._executor, self._process, items)
                 if len(results) != len(items):
                     raise RuntimeError(f"batch function returned {len(results)} results")
+                self._failures.succeeded()
             except Exception as error:  # the batch failed as a whole: every item gets the error
-                log.exception("batch of %d items failed", len(items))
+                self._failures.failed(error)
                 results = [error] * len(items)
             if self._on_batch is not None:
                 self._on_batch(len(items))

@@ -44,6 +44,7 @@ from service.image_decode import (
 )
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
+from service.outage_log import OutageLog
 from service.redis_health import RedisHealth
 from service.searcher import GALLERY_OF_KIND, KIND_OF_GALLERY, Searcher
 from service.services import Services
@@ -276,8 +277,10 @@ def _install_error_handlers(app: FastAPI) -> None:
             detail = "the request body is not valid UTF-8: send JSON text encoded as UTF-8"
         return error_response(error.status_code, code, detail, error.headers)
 
+    unhandled = OutageLog(log, "requests")  # one traceback per outage, not per request
+
     async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=error)
+        unhandled.failed(error)
         return error_response(500, "internal_error", "internal error; it has been logged")
 
     for error_type in HANDLED_ERRORS:
