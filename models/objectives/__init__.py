@@ -36,10 +36,11 @@ OBJECTIVES: tuple[str, ...] = ("hinge", "pcme", "pcmepp")
 # The match logit's initial shift b of an objective that does not start from the model's
 # default (5): PCME's logit is -a * ||z_i - z_j|| + b with a = 5, and two unrelated unit means
 # sit about sqrt(2) apart, so b = 7 (about 5 sqrt 2) starts them at p = 1/2, where the balanced
-# loss of an untrained model is flat. From b = 5 (p = 0.11) the first epoch pulled all means
-# together into a state whose generic captions answer every image query (val i2t P@1 74.5 at
-# epoch 1), the best val score of the run: 2 of 3 seeds then stopped at epoch 9 with it; from
-# b = 7 all 3 trained to epochs 21-30 (docs/results-pcme.md).
+# loss of an untrained model is flat. PCME's first epochs pass through a state whose generic
+# captions answer every image query (val i2t P@1 74.5 at epoch 1), which the val score rates
+# above anything later: from b = 5 (p = 0.11) 2 of 3 seeds learnt too slowly to beat it and
+# stopped at epoch 9 with it; from b = 7 all 3 moved past it (best epochs 30, 27, 21;
+# docs/results-pcme.md).
 INITIAL_MATCH_SHIFT: dict[str, float] = {"pcme": 7.0}
 
 
