@@ -116,7 +116,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._last_batch_size = 1
         try:
             (result,) = self._process([item])
-            self._failures.succeeded()
+            if self._failures.count:  # an outage is ending
+                self._failures.succeeded()
         except Exception as error:
             self._failures.failed(error)
             result = error
@@ -137,7 +138,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                 results = await loop.run_in_executor(self._executor, self._process, items)
                 if len(results) != len(items):
                     raise RuntimeError(f"batch function returned {len(results)} results")
-                self._failures.succeeded()
+                if self._failures.count:  # an outage is ending
+                    self._failures.succeeded()
             except Exception as error:  # the batch failed as a whole: every item gets the error
                 self._failures.failed(error)
                 results = [error] * len(items)

@@ -14,7 +14,9 @@ import time
 
 
 class OutageLog:
-    """Logs the failures of one kind of work (`what`) once per outage."""
+    """Logs the failures of one kind of work (`what`) once per outage; `count` is the number of
+    failures of the outage in progress (0: none), for callers to skip succeeded() when it is
+    0, as they do on their fast path."""
 
     def __init__(
         self,
@@ -28,38 +30,36 @@ class OutageLog:
         self.summary_every_s = summary_every_s
         self.quiet_s = quiet_s
         self._lock = threading.Lock()
-        self._count = 0
+        self.count = 0
         self._started = self._last_failure = self._last_summary = 0.0
 
     def failed(self, error: BaseException) -> None:
         """Record a failure: logged with its traceback if it starts an outage."""
         now = time.monotonic()
         with self._lock:
-            if self._count and now - self._last_failure > self.quiet_s:
+            if self.count and now - self._last_failure > self.quiet_s:
                 self._close(self._last_failure, "ended")
-            self._count += 1
+            self.count += 1
             self._last_failure = now
-            if self._count == 1:
+            if self.count == 1:
                 self._started = self._last_summary = now
                 self.logger.error("%s failed: %s", self.what, error, exc_info=error)
             elif now - self._last_summary >= self.summary_every_s:
                 self._last_summary = now
                 self.logger.error(
                     "%s still failing: %d failures in %.0f s (last: %s)",
-                    self.what, self._count, now - self._started, error,
+                    self.what, self.count, now - self._started, error,
                 )  # fmt: skip
 
     def succeeded(self) -> None:
         """Record a success: it ends the outage in progress, if any."""
-        if not self._count:  # the common case, without the lock
-            return
         with self._lock:
-            if self._count:
+            if self.count:
                 self._close(time.monotonic(), "recovered")
 
     def _close(self, now: float, how: str) -> None:
         self.logger.warning(
             "%s %s after %d failures in %.0f s",
-            self.what, how, self._count, now - self._started,
+            self.what, how, self.count, now - self._started,
         )  # fmt: skip
-        self._count = 0
+        self.count = 0
