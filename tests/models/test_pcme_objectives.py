@@ -130,27 +130,24 @@ def test_loss_falls_well_below_its_trivial_value_on_a_separable_problem(objectiv
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
     image_x, caption_x, owner = separable_batch(16, 2, 0)
     matches = torch.arange(16)[:, None] == owner[None, :]
-    for step in range(300):
+
+    def loss(seed: int, pseudo_weight: float) -> tuple[torch.Tensor, tuple, tuple]:
         image = model.embed(model.image, image_x)
         caption = model.embed(model.caption, caption_x)
         scale = model.log_scale.exp()
         if objective == "pcmepp":
-            loss = pcmepp_loss(image, caption, matches, owner, scale, model.shift, 0.1)
+            value = pcmepp_loss(image, caption, matches, owner, scale, model.shift, pseudo_weight)
         else:
-            noise = torch.Generator().manual_seed(step)
-            loss = pcme_loss(image, caption, matches, scale, model.shift, 5, noise)
+            noise = torch.Generator().manual_seed(seed)
+            value = pcme_loss(image, caption, matches, scale, model.shift, 5, noise)
+        return value, image, caption
+
+    for step in range(300):
         optimizer.zero_grad()
-        loss.backward()
+        loss(step, 0.1)[0].backward()
         optimizer.step()
     with torch.no_grad():
-        image = model.embed(model.image, image_x)
-        caption = model.embed(model.caption, caption_x)
-        scale = model.log_scale.exp()
-        if objective == "pcmepp":
-            final = pcmepp_loss(image, caption, matches, owner, scale, model.shift, 0.0)
-        else:
-            noise = torch.Generator().manual_seed(0)
-            final = pcme_loss(image, caption, matches, scale, model.shift, 5, noise)
+        final, image, caption = loss(0, 0.0)
         nearest = pairwise_distance("csd", *caption, *image).argmin(dim=1)
     assert final.item() < 0.2 * TRIVIAL_BALANCED_BCE
     assert torch.equal(nearest, owner)
