@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from models.networks.feature_heads import FeatureHeads
+from models.networks.feature_novelty import load_bank
 from models.networks.heads import dropout_masks
 from models.networks.image_encoder import ImageEncoder
 from models.networks.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
@@ -219,6 +220,9 @@ def load_model(model_dir: Path | str, map_location: str = "cpu") -> Probabilisti
     model = build_model(config)
     try:
         model.load_state_dict(state["state_dict"])
-    except (KeyError, RuntimeError) as e:
+        novelty = getattr(model.image_encoder, "novelty", None)
+        if novelty is not None:
+            load_bank(novelty, Path(model_dir))
+    except (KeyError, RuntimeError, ValueError) as e:
         raise ConfigError(f"{path} does not match {model_dir}/model.json: {e}") from e
     return model.eval()

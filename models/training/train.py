@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from models.evaluation.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
+from models.networks.feature_novelty import save_bank
 from models.networks.heads import fraction_at_bound
 from models.networks.model_config import (
     CHECKPOINT_FILE,
@@ -435,12 +436,13 @@ def _training_splits(
     return train_split, val_split, model_config.replace(vocab_size=len(tokenizer))
 
 
-def _fit_novelty(model: ProbabilisticModel, split: SplitTensors, seed: int) -> None:
-    """Fill the image heads' novelty bank from the train split's backbone vectors (models on
-    pretrained backbones; the checkpoint then holds it)."""
+def _fit_novelty(model: ProbabilisticModel, split: SplitTensors, seed: int, out: Path) -> None:
+    """Fill the image heads' novelty bank from the train split's backbone vectors and save it
+    into the model dir (models on pretrained backbones; a resumed run fits the same bank)."""
     novelty = getattr(model.image_encoder, "novelty", None)
     if novelty is not None:
         novelty.fit(split.pixels, seed)
+        save_bank(novelty, out)
 
 
 def _refuse_for_backbones(config: TrainConfig) -> None:
@@ -541,7 +543,7 @@ def train(
         if train_config.objective in INITIAL_MATCH_SHIFT:  # a resumed run loads its own below
             with torch.no_grad():
                 model.match_shift.fill_(INITIAL_MATCH_SHIFT[train_config.objective])
-        _fit_novelty(model, train_split, train_config.seed)
+        _fit_novelty(model, train_split, train_config.seed, out_dir)
         probes = _image_probes(model_config, train_config, train_split)
         groups = parameter_groups(model, train_config)
         if probes is not None:

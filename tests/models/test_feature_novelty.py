@@ -17,8 +17,13 @@ from PIL import Image
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
-from models.networks.feature_novelty import FeatureNovelty
-from models.networks.model_config import IMAGE_HEADS_ONNX_FILE, ModelConfig, TrainConfig
+from models.networks.feature_novelty import NOVELTY_BANK_FILE, FeatureNovelty
+from models.networks.model_config import (
+    IMAGE_HEADS_ONNX_FILE,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+)
 from models.networks.preprocess import load_image
 from models.networks.probabilistic_model import load_model
 from models.onnx.encoder_runtime import OnnxEncoder
@@ -88,6 +93,9 @@ def test_the_bank_holds_training_vectors_and_the_graphs_serve_the_score(trained)
     data, model_dir = trained
     bank = load_model(model_dir).image_encoder.novelty.bank.numpy()
     assert bank.shape == (10, 1280)
+    np.testing.assert_array_equal(np.load(model_dir / NOVELTY_BANK_FILE), bank)
+    weights = torch.load(model_dir / "checkpoint.pt", weights_only=True)["state_dict"]
+    assert not [key for key in weights if "novelty" in key]  # saved once, not every epoch
     train_images = [load_image(r.path) for r in load_dataset(data).split("train").images]
     backbone = load_backbone("efficientnet-lite0", "image")
     train_vectors = backbone.encode(train_images)
@@ -122,3 +130,13 @@ def test_the_bank_is_cut_to_the_train_split_and_an_older_model_json_has_none(
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "model.json").write_text(json.dumps(saved))
     assert ModelConfig.load(tmp_path / "old").novelty_bank == 0
+
+
+def test_a_model_whose_bank_file_is_missing_is_refused(trained, tmp_path) -> None:
+    _, model_dir = trained
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("model.json", "checkpoint.pt"):
+        (copy / name).write_bytes((model_dir / name).read_bytes())
+    with pytest.raises(ConfigError, match="novelty bank was not saved"):
+        load_model(copy)
