@@ -140,3 +140,29 @@ def test_a_model_whose_bank_file_is_missing_is_refused(trained, tmp_path) -> Non
         (copy / name).write_bytes((model_dir / name).read_bytes())
     with pytest.raises(ConfigError, match="novelty bank was not saved"):
         load_model(copy)
+
+
+def test_heads_train_on_one_thread_and_the_command_keeps_its_own(
+    trained, tmp_path, monkeypatch
+) -> None:
+    """The heads' epochs run on one torch thread whatever the command set; afterwards the
+    command's count is back."""
+    import models.training.train as training
+
+    data, _ = trained
+    seen = []
+    real_epoch = training.train_epoch
+
+    def recording_epoch(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(training, "train_epoch", recording_epoch)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train(data, tmp_path / "m", PRETRAINED, TrainConfig(epochs=2, patience=0),
+              progress=False, log=lambda line: None, export=False)  # fmt: skip
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
