@@ -235,16 +235,18 @@ def calibrate(
         float | None, typer.Option(help="Fraction of queries to keep instead.")
     ] = None,
     index_root: Annotated[
-        Path | None, typer.Option(help="Index root (PROBSEARCH_INDEX_ROOT).")
+        Path | None, typer.Option(help="Index root [env PROBSEARCH_INDEX_ROOT].")
     ] = None,
-    model: Annotated[Path | None, typer.Option(help="Model dir (PROBSEARCH_MODEL).")] = None,
+    model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
     gallery: Annotated[list[str] | None, typer.Option(help="image and/or text.")] = None,
     split: Annotated[str, typer.Option(help="Held-out split the gallery does not hold.")] = "val",
     metrics: Annotated[str, typer.Option(help="Comma-separated; default: all served.")] = "",
     mc_samples: Annotated[
-        int | None, typer.Option(help="MC draws (PROBSEARCH_MC_SAMPLES).")
+        int | None, typer.Option(help="MC draws [env PROBSEARCH_MC_SAMPLES].")
     ] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis URL [env PROBSEARCH_REDIS_URL].")
+    ] = None,
 ) -> None:
     """Pick the reject score, its temperature and threshold for the active indexes on held-out
     queries (the score with the best normalised AUPRC)."""

@@ -86,7 +86,7 @@ def train(
         ),
     ],
     out: Annotated[
-        Path | None, typer.Option(help="model dir to write (default: PROBSEARCH_MODEL)")
+        Path | None, typer.Option(help="model dir to write [env PROBSEARCH_MODEL]")
     ] = None,
     resume: Annotated[bool, typer.Option(help="continue the run saved in --out")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
@@ -134,7 +134,7 @@ def export(
     model_dir: Annotated[
         Path | None,
         typer.Argument(
-            help="model dir holding model.json and checkpoint.pt (default: PROBSEARCH_MODEL)"
+            help="model dir holding model.json and checkpoint.pt [env PROBSEARCH_MODEL]"
         ),
     ] = None,
 ) -> None:

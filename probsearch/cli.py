@@ -26,6 +26,10 @@ app = typer.Typer(
     help="Uncertainty-aware image <-> text retrieval with Gaussian embeddings.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Help texts are plain text, not Rich markup: markup took "[env PROBSEARCH_MODEL]" (and
+    # "[default: ...]") for a style tag and printed "Model dir ." Set on the root, it holds for
+    # every subcommand that is mounted here.
+    rich_markup_mode=None,
 )
 app.add_typer(models_app)
 app.add_typer(data_app, name="data", help="Generate or check datasets.")
@@ -53,9 +57,11 @@ def demo(
     examples_only: Annotated[
         bool, typer.Option(help="Stop after the example queries instead of serving on.")
     ] = False,
-    host: Annotated[str | None, typer.Option(help="Bind address (PROBSEARCH_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (PROBSEARCH_PORT), 0: any.")] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address [env PROBSEARCH_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port, 0: any [env PROBSEARCH_PORT].")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis URL [env PROBSEARCH_REDIS_URL].")
+    ] = None,
 ) -> None:
     """Build (or reuse) the data, model, indexes and calibration, then serve on :8000: clip art
     searched with heads on pretrained backbones, or with --shapes the shapes lab."""

@@ -15,13 +15,17 @@ app = typer.Typer(no_args_is_help=True)
 @app.command()
 def serve(
     index_root: Annotated[
-        Path | None, typer.Option(help="Index root (PROBSEARCH_INDEX_ROOT).")
+        Path | None, typer.Option(help="Index root [env PROBSEARCH_INDEX_ROOT].")
     ] = None,
-    model: Annotated[Path | None, typer.Option(help="Model dir (PROBSEARCH_MODEL).")] = None,
-    host: Annotated[str | None, typer.Option(help="Bind address (PROBSEARCH_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (PROBSEARCH_PORT).")] = None,
-    workers: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL (PROBSEARCH_REDIS_URL).")] = None,
+    model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address [env PROBSEARCH_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [env PROBSEARCH_PORT].")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Worker processes [env PROBSEARCH_WORKERS].")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis URL [env PROBSEARCH_REDIS_URL].")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the HTTP query service (every setting also reads PROBSEARCH_*; flags win)."""
