@@ -9,7 +9,8 @@ What counts as a figure (one rule, kept simple):
 - a number with a decimal point (`0.741`, `49.2 ± 2.0`, `1.46x`), or a whole number directly
   followed by a unit: %, s, ms, min, QPS, x, MiB, GiB (`91.7%`, `5 min`);
 - a number glued to a letter, a dot or a hyphen (`MiniLM-L6`, the `2.13` of `2.13.0`) is not
-  one, nor is a bare whole number (years, counts such as "7,327 drawings").
+  one, nor is a bare whole number (years, counts such as "7,327 drawings"). A two-part version
+  in prose (Python 3.12) would count: write it as code.
 A figure with its spread (`49.2 ± 2.0`) must appear with that spread. The check looks for the
 number's text, not its unit: the results tables put units in their headers.
 """
