@@ -36,6 +36,7 @@ from service.http.middleware import (
 )
 from service.http.openapi_limits import install_openapi_limits
 from service.http.routes import admin, health, items, page, search
+from service.http.routes.docs import install_docs
 from service.http.schemas import AUTH_ERROR_RESPONSES
 from service.image_decode import (
     ImageDecoder,
@@ -62,6 +63,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Uncertainty-aware image <-> text retrieval with Gaussian embeddings.",
         version="0.1.0",
         lifespan=_lifespan,
+        docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from a CDN: install_docs
+        redoc_url=None,  # serves /docs from local files, and no /redoc
     )
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
@@ -72,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     _include_routers(app, settings)
     app.mount("/static", page.static_files(), name="static")
+    install_docs(app)
     install_openapi_limits(app, settings)
     _install_error_handlers(app)
     app.add_middleware(
