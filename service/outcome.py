@@ -11,7 +11,8 @@ Distances and scores, once for the whole API:
   returned top-k sum to at most 1.
 """
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -25,6 +26,8 @@ from models.scoring.uncertainty import log_det
 QueryKind = Literal["text", "image", "embedding", "vector"]  # vector: a backbone vector
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_REJECT_SCORE = "mutual_information"  # of a version that was never calibrated
+UNIFORM_NATS = 0.01  # a posterior this close to uniform ranks nothing above anything else
+SAME_DRAWS = 1e-12  # variance of mu across MC draws at or below which the draws are one
 # NaN and infinities are written as null, as pydantic writes them
 _JSON = ConfigDict(ser_json_inf_nan="null")
 
@@ -81,7 +84,8 @@ class QueryInfo:
     mutual_information: Annotated[
         float | None,
         _about("Posterior uncertainty over the shortlist in nats, in [0, ln(shortlist)]; "
-               "null when mc_samples is 0."),
+               "null when mc_samples is 0; in `uninformative` when the draws were all the "
+               "same (then always 0)."),
     ]  # fmt: skip
     feature_uncertainty: Annotated[
         float | None,
@@ -90,7 +94,8 @@ class QueryInfo:
     posterior_entropy: Annotated[
         float,
         _about("Entropy (nats) of the mean retrieval posterior over the shortlist: high "
-               "when many candidates are about equally good (an ambiguous query)."),
+               "when many candidates are about equally good (an ambiguous query); in "
+               "`uninformative` when it is ln(shortlist_size), a uniform posterior."),
     ]  # fmt: skip
     top_mahalanobis: Annotated[
         float | None,
@@ -115,6 +120,15 @@ class QueryInfo:
     shortlist_size: Annotated[int, _about("Candidates actually re-ranked.")]
     mu: list[float] | None = None
     logvar: list[float] | None = None
+    uninformative: Annotated[
+        list[str],
+        _about("Names of this query's scores that carry no information, to be ignored: "
+               "posterior_entropy when the posterior is uniform over the shortlist (within "
+               f"{UNIFORM_NATS:g} nats of ln(shortlist_size), or a shortlist of one); "
+               "mutual_information and feature_uncertainty when the MC draws were all the same "
+               "(a model without dropout, or one draw), where both are 0 whatever the query. "
+               "Their values are still given."),
+    ] = field(default_factory=list)  # fmt: skip
 
 
 @dataclass
@@ -175,7 +189,27 @@ def query_info(
         modality=kind, **values, reject_score=reject, rejected=reject.rejected,
         reject_threshold=reject.threshold, temperature=rule.temperature, mc_samples=mc_samples,
         shortlist_size=shortlist_size, mu=mu, logvar=logvar,
+        uninformative=uninformative(values, mc_samples, shortlist_size),
     )  # fmt: skip
+
+
+def uninformative(
+    values: dict[str, float | None], mc_samples: int, shortlist_size: int
+) -> list[str]:
+    """The scores among `values` that say nothing about this query (QueryInfo.uninformative).
+    ln(n) - H(p) is the KL divergence of the posterior p from the uniform one over n."""
+    found = []
+    entropy = values.get("posterior_entropy")
+    if entropy is not None and (
+        shortlist_size <= 1 or math.log(shortlist_size) - entropy < UNIFORM_NATS
+    ):
+        found.append("posterior_entropy")
+    spread = values.get("feature_uncertainty")
+    if values.get("mutual_information") is not None and (
+        mc_samples < 2 or (spread is not None and spread <= SAME_DRAWS)
+    ):
+        found += ["mutual_information", "feature_uncertainty"]
+    return found
 
 
 _SCORE_FIELDS = ("log_det", "entropy", "mutual_information", "feature_uncertainty",
