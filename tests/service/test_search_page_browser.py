@@ -5,6 +5,7 @@ $SEARCH_PAGE_SCREENSHOTS when set (docs/img/search-page.png in README.md is one)
 
 import math
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -126,6 +127,17 @@ def save(browser: WebDriver, folder: Path, name: str) -> Path:
     return path
 
 
+def three(value: float) -> str:
+    """A number as the page writes it: three significant digits (JavaScript's toPrecision(3))."""
+    return format(float(f"{value:.3g}"), "g")
+
+
+def too_precise(text: str) -> list[str]:
+    """The numbers in `text` written with more than three significant digits."""
+    numbers = re.findall(r"\d+(?:\.\d+)?", text)
+    return [n for n in numbers if len(n.replace(".", "").strip("0")) > 3]
+
+
 def expected_percent(log_det: float, gallery: dict) -> int:
     span = gallery["log_det_high"] - gallery["log_det_low"]
     return round(100 * min(1.0, max(0.0, (log_det - gallery["log_det_low"]) / span)))
@@ -152,7 +164,18 @@ def test_a_caption_shows_thumbnails_with_uncertainty_bars(
         assert fill.size["width"] == pytest.approx(bar.size["width"] * percent / 100, abs=1.5)
         assert "log det" in bar.get_attribute("title")
     assert page.find_element(By.ID, "banner").is_displayed() == answer["query"]["rejected"]
-    assert page.find_element(By.ID, "gauge-text").text
+    served = answer["query"]["reject_score"]["name"]  # the page explains this score, no other
+    gauge_text = page.find_element(By.ID, "gauge-text").text
+    help_text = page.find_element(By.ID, "gauge-help").text
+    assert served.replace("_", " ") in gauge_text + help_text, (served, gauge_text)
+    if served not in ("mutual_information", "feature_uncertainty"):
+        assert "MC dropout" not in help_text and "mutual information" not in help_text
+    vagueness = page.find_element(By.ID, "vagueness")
+    assert vagueness.is_displayed()
+    assert page.find_element(By.ID, "vagueness-value").text == three(answer["query"]["log_det"])
+    for text in (gauge_text, vagueness.text):
+        assert not too_precise(text), text
+    assert isinstance(answer["query"]["uninformative"], list)
     footer = page.find_element(By.ID, "footer-info").text
     assert answer["model"] in footer and answer["index_version"] in footer
     resources = page.execute_script(
@@ -205,7 +228,7 @@ def test_a_rejected_query_shows_the_banner_above_its_results(
     wait(page, lambda b: b.find_element(By.ID, "banner").is_displayed())
     assert "not confident in these results" in page.find_element(By.ID, "banner").text
     assert "over" in page.find_element(By.ID, "gauge").get_attribute("class")
-    assert f"above the threshold {threshold}" in page.find_element(By.ID, "gauge-text").text
+    assert f"above the threshold {three(threshold)}" in page.find_element(By.ID, "gauge-text").text
     assert len(cards(page, "text")) == 10 and all(c.is_displayed() for c in cards(page, "text"))
     save(page, screenshots, "search-page-rejected.png")
 
@@ -292,3 +315,44 @@ def test_a_negative_reject_score_above_its_threshold_fills_past_the_mark(page: W
         mark = page.execute_script("return parseFloat($('gauge-mark').style.left)")
         assert mark == 50.0
         assert (fill > mark) is rejected, (fill, mark)
+
+
+def test_numbers_are_rounded_and_the_gate_is_explained_in_words(page: WebDriver) -> None:
+    # The demo's photographs were refused with "Its log det -110.9661 is above the threshold
+    # -119.8438" and thresholds printed as 278.8619279107541 (issue 42).
+    score = {"name": "log_det", "value": -110.9661, "threshold": -119.8438}
+    query = {"modality": "image", "rejected": True, "log_det": -110.9661, "shortlist_size": 100,
+             "reject_threshold": -119.8438, "reject_score": score, "uninformative": []}  # fmt: skip
+    page.execute_script("showVerdict(arguments[0])", query)
+    banner = page.find_element(By.ID, "banner").text
+    assert "-111 is above the threshold -120" in banner, banner
+    assert "unsure what this query shows" in banner
+    assert page.find_element(By.ID, "gauge-text").text == (
+        "vagueness (log det) -111 above the threshold -120"
+    )
+    assert page.find_element(By.ID, "vagueness-value").text == "-111"
+    top = {"name": "top_mahalanobis", "value": 278.8619279107541, "threshold": 278.8619279107541}
+    page.execute_script(
+        "showVerdict(arguments[0])", {**query, "rejected": False, "reject_score": top}
+    )
+    assert page.find_element(By.ID, "gauge-text").text == (
+        "top mahalanobis 279 within the threshold 279"
+    )
+    help_text = page.find_element(By.ID, "gauge-help").text
+    assert "does not fit the query" in help_text and "MC dropout" not in help_text
+    for element_id in ("gauge-text", "gauge-help", "banner", "vagueness"):
+        text = page.find_element(By.ID, element_id).get_attribute("textContent")
+        assert not too_precise(text), (element_id, text)
+
+
+def test_a_score_without_information_is_not_shown(page: WebDriver) -> None:
+    # A posterior uniform over the shortlist has entropy ln(100) = 4.605 for every query.
+    score = {"name": "posterior_entropy", "value": math.log(100), "threshold": 4.0}
+    query = {"modality": "text", "rejected": True, "log_det": -50.0, "shortlist_size": 100,
+             "reject_threshold": 4.0, "reject_score": score,
+             "uninformative": ["posterior_entropy"]}  # fmt: skip
+    page.execute_script("showVerdict(arguments[0])", query)
+    text = page.find_element(By.ID, "gauge-text").text
+    assert text == "posterior entropy: carries no information for this query, so it is not shown"
+    assert "4.6" not in page.find_element(By.ID, "verdict").text
+    assert not page.find_element(By.ID, "gauge-fill").is_displayed()

@@ -3,11 +3,22 @@
 
 const K_CHOICES = [5, 10, 20, 50, 100];
 const GALLERY_NAMES = { image: "image index", text: "caption index" };
-const SCORE_NAMES = { mutual_information: "mutual information" };
-// Why a query is refused, in words, for the scores whose meaning a reader cannot guess.
-const REASONS = {
-  novelty: " This picture looks unlike anything the model was trained on: its backbone sees " +
+const SCORE_NAMES = { mutual_information: "mutual information", log_det: "vagueness (log det)" };
+// What each reject score measures, in a sentence for someone who never met the word: the page
+// explains the score the service actually rejects with (query.reject_score.name), no other.
+const EXPLAIN = {
+  novelty: "This picture looks unlike anything the model was trained on: its backbone sees " +
     "it farther from every training picture than almost all of them are from each other.",
+  log_det: "The model is unsure what this query shows or says: its reading of the query is " +
+    "spread out far more widely than usual.",
+  top_mahalanobis: "Even the best result does not fit the query: it lies further from what the " +
+    "query describes than the things it describes usually do.",
+  mutual_information: "The model cannot make up its mind: run several times with small random " +
+    "changes (MC dropout), it ranks the results differently each time.",
+  posterior_entropy: "Many results look about equally good, so the top ones are close to a guess.",
+  entropy: "The query is vague: the model's reading of it is spread out widely.",
+  feature_uncertainty: "The model's reading of the query moves a lot between repeated runs " +
+    "with small random changes (MC dropout).",
 };
 
 const state = { config: null, lastQuery: null };
@@ -24,11 +35,12 @@ function element(tag, props = {}, children = []) {
   return node;
 }
 
-function format(value, digits = 4) {
+// A number as people read it: three significant digits (278.8619279107541 is 279).
+function format(value) {
   if (value === null || value === undefined || Number.isNaN(value)) return "n/a";
   const abs = Math.abs(value);
   if (abs !== 0 && (abs < 1e-3 || abs >= 1e5)) return value.toExponential(2);
-  return Number(value.toFixed(digits)).toString();
+  return Number(value.toPrecision(3)).toString();
 }
 
 // ----- talking to the API -------------------------------------------------------------------
@@ -184,15 +196,36 @@ function showAnswer(query, answer) {
     : `No ${what} found for ${query.label}.`;
 }
 
+function scoreName(name) {
+  return SCORE_NAMES[name] || name.replaceAll("_", " ");
+}
+
+// Scores the answer marks as carrying no information for this query (query.uninformative):
+// a posterior uniform over the shortlist, MC draws that were all the same.
+function uninformative(queryInfo, name) {
+  return (queryInfo.uninformative || []).includes(name);
+}
+
 function showVerdict(queryInfo) {
   const score = rejectScore(queryInfo);
-  const name = SCORE_NAMES[score.name] || score.name.replaceAll("_", " ");
+  const name = scoreName(score.name);
   $("verdict").hidden = false;
   $("banner").hidden = !queryInfo.rejected;
-  $("banner-detail").textContent = (REASONS[score.name] || "") +
-    ` Its ${name} ${format(score.value)} is above the threshold ${format(score.threshold)}.` +
-    " The results are shown below, but treat them with care.";
+  const reason = uninformative(queryInfo, score.name)
+    ? ` It was refused by its ${name}, a score that carries no information for this query.`
+    : `${EXPLAIN[score.name] || ""}` +
+      ` Its ${name} ${format(score.value)} is above the threshold ${format(score.threshold)}.`;
+  $("banner-detail").textContent = reason + " The results are shown below, but treat them with care.";
   drawGauge(score, name, queryInfo);
+  showVagueness(queryInfo);
+}
+
+// The query's own vagueness (its log det), apart from the score the service rejects with.
+function showVagueness(queryInfo) {
+  const known = typeof queryInfo.log_det === "number";
+  $("vagueness").hidden = !known;
+  if (!known) return;
+  $("vagueness-value").textContent = format(queryInfo.log_det);
 }
 
 // The gauge's scale [low, high]. With a positive threshold and score (MI, entropies) it runs
@@ -229,16 +262,23 @@ function drawGauge(score, name, queryInfo) {
   gauge.setAttribute("aria-valuemin", String(low));
   gauge.setAttribute("aria-valuemax", String(high));
   gauge.setAttribute("aria-valuenow", String(measured ? value : 0));
+  const empty = measured && uninformative(queryInfo, score.name);
+  $("gauge-fill").hidden = !measured || empty;
   let text;
-  if (!measured) text = `${name}: not measured (no MC-dropout draws)`;
+  if (!measured) text = `${name}: not measured for this query`;
+  else if (empty) text = `${name}: carries no information for this query, so it is not shown`;
   else if (!hasThreshold) text = `${name} ${format(value)}; no threshold, so never rejected`;
   else text = `${name} ${format(value)} ${rejected ? "above" : "within"} the threshold ${format(threshold)}`;
   $("gauge-text").textContent = text;
   gauge.setAttribute("aria-valuetext", text);
   $("gauge-help").textContent =
-    "The bar is the query's reject score, the line its threshold: past the line the service " +
-    "does not trust its answer. For mutual information, the score is how much the ranking " +
-    "changes between MC-dropout draws of the query's embedding.";
+    "The bar is the score the service rejects queries by, the line its threshold: past the " +
+    `line the service does not trust its answer. The score here is ${name}; past the line it ` +
+    `means: ${lowerFirst(EXPLAIN[score.name] || "The service is unsure of this query.")}`;
+}
+
+function lowerFirst(text) {
+  return text.charAt(0).toLowerCase() + text.slice(1);
 }
 
 function uncertaintyBar(logDet, gallery) {
@@ -249,11 +289,11 @@ function uncertaintyBar(logDet, gallery) {
   }
   const percent = fraction === null ? 0 : Math.round(100 * fraction);
   const tip = gallery
-    ? `Uncertainty of this item: log det Σ = ${format(logDet, 2)}. The bar places it in its ` +
-      `gallery's range, from ${format(gallery.log_det_low, 2)} (the most certain item, empty) ` +
-      `to ${format(gallery.log_det_high, 2)} (the least certain, full). A longer bar: the model ` +
+    ? `Uncertainty of this item: log det Σ = ${format(logDet)}. The bar places it in its ` +
+      `gallery's range, from ${format(gallery.log_det_low)} (the most certain item, empty) ` +
+      `to ${format(gallery.log_det_high)} (the least certain, full). A longer bar: the model ` +
       "is less sure what this item shows or says."
-    : `Uncertainty of this item: log det Σ = ${format(logDet, 2)}.`;
+    : `Uncertainty of this item: log det Σ = ${format(logDet)}.`;
   const fill = element("span", { class: "uncertainty-fill" });
   fill.style.width = `${percent}%`;
   return element(
@@ -267,7 +307,7 @@ function uncertaintyBar(logDet, gallery) {
       "aria-valuemin": "0",
       "aria-valuemax": "100",
       "aria-valuenow": String(percent),
-      "aria-valuetext": `${percent}% of the gallery's range (log det ${format(logDet, 2)})`,
+      "aria-valuetext": `${percent}% of the gallery's range (log det ${format(logDet)})`,
       "data-percent": String(percent),
     },
     [fill, element("span", { class: "tooltip", role: "tooltip", text: tip })]
@@ -287,7 +327,7 @@ function resultCard(hit, kind, gallery, metric) {
       : element("blockquote", { class: "caption", text: (hit.metadata && hit.metadata.text) || hit.id });
   const facts = element("div", { class: "facts" }, [
     element("span", { class: "rank", text: `#${hit.rank}` }),
-    element("span", { class: "distance", title: `${metric} distance to the query; smaller is closer`, text: `d ${format(hit.distance, 3)}` }),
+    element("span", { class: "distance", title: `${metric} distance to the query; smaller is closer`, text: `d ${format(hit.distance)}` }),
     uncertaintyBar(hit.log_det, gallery),
   ]);
   const id = element("div", { class: "item-id", text: hit.id });
