@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     # e.g. http://milvus:19530
     milvus_uri: str | None = None
     redis_url: str | None = None  # None: no Redis (the ACTIVE pointer files decide, no cache)
+    namespace: str | None = Field(
+        None,
+        description="Scopes the index root's Redis keys (active versions, locks, events, "
+        "cache) so that galleries can share one Redis; default: the index root's directory "
+        "name and a hash of its absolute path.",
+    )
 
     # What to serve.
     galleries: Annotated[list[Modality], NoDecode] = Field(

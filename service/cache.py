@@ -16,15 +16,15 @@ from service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-CACHE_PREFIX = "probsearch:cache:"
 REDIS_ERRORS = (redis.RedisError, OSError)
 # How many keys a process remembers having stored or found (ResultCache.known).
 KNOWN_KEYS = 4096
 
 
-def cache_key(index_version: str, request_hash: str) -> str:
-    """Redis key of a cached response: probsearch:cache:<index version>:<request sha256>."""
-    return f"{CACHE_PREFIX}{index_version}:{request_hash}"
+def cache_key(namespace: str, index_version: str, request_hash: str) -> str:
+    """Redis key of a cached response:
+    probsearch:<namespace>:cache:<index version>:<request sha256>."""
+    return f"probsearch:{namespace}:cache:{index_version}:{request_hash}"
 
 
 def redis_connection_kwargs(socket_timeout_s: float, *, asynchronous: bool = False) -> dict:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import redis
 
+from indexer.active_record import ActiveRecord
 from indexer.calibration_inheritance import uncalibrated_metrics
-from indexer.registry import EVENTS_CHANNEL, ActiveRegistry
+from indexer.registry import ActiveRegistry, ActiveSides
 from indexer.shortlist import ShortlistBackend
 from indexer.store import IndexVersion, open_version
 from service.cache import REDIS_ERRORS, Backoff, redis_connection_kwargs
@@ -31,9 +32,12 @@ log = logging.getLogger(__name__)
 class LoadedIndex:
     """One open index version plus the count of requests using it."""
 
-    def __init__(self, modality: str, version: str, index: IndexVersion) -> None:
+    def __init__(
+        self, modality: str, version: str, index: IndexVersion, generation: int = 0
+    ) -> None:
         self.modality = modality
         self.version = version
+        self.generation = generation  # of the activation it was loaded for
         self.index = index
         self.in_flight = 0
         self.retired = False
@@ -61,6 +65,7 @@ class IndexHolder:
             (e.g. an index built with another model), and the current version stays.
         backend: where shortlists are searched (default: the versions' FAISS files); a
             version that cannot be opened there (Milvus unreachable) is retried every poll.
+        namespace: of the index root's Redis keys (default: indexer.registry.namespace_of).
     """
 
     def __init__(
@@ -76,6 +81,7 @@ class IndexHolder:
         socket_timeout_s: float = 0.5,
         backoff_max_s: float = 30.0,
         backend: ShortlistBackend | None = None,
+        namespace: str | None = None,
     ) -> None:
         self.index_root = Path(index_root)
         self.galleries = list(galleries)
@@ -87,8 +93,15 @@ class IndexHolder:
         self._poll_interval_s = poll_interval_s
         self._socket_timeout_s = socket_timeout_s
         self._backoff = Backoff(maximum_s=backoff_max_s)
-        self._redis_registry = ActiveRegistry(self.index_root, redis_url) if redis_url else None
-        self._file_registry = ActiveRegistry(self.index_root, None)
+        self._redis_registry = (
+            ActiveRegistry(
+                self.index_root, redis_url, socket_timeout_s=socket_timeout_s, namespace=namespace
+            )
+            if redis_url
+            else None
+        )
+        self._file_registry = ActiveRegistry(self.index_root, None, namespace=namespace)
+        self.namespace = self._file_registry.namespace
         self._current: dict[str, LoadedIndex] = {}
         self._lock = threading.Lock()  # guards _current and the in-flight counts
         self._load_lock = threading.Lock()  # one version load at a time
@@ -164,52 +177,74 @@ class IndexHolder:
                 self._close(loaded)
 
     def refresh(self, modalities: list[str] | None = None) -> dict[str, str | None]:
-        """Read the active version of each gallery and swap in those that changed.
+        """Read the active version of each gallery and swap in those activated since.
 
-        A gallery with nothing loaded whose Redis version cannot be opened here (not on this
-        replica's disk) falls back to the version its ACTIVE pointer file names.
+        Only a later activation (a higher generation) replaces what is served, so a store
+        that comes back with an older record never takes the service back. A gallery with
+        nothing loaded whose active version cannot be opened here (not on this replica's
+        disk) falls back to the version its ACTIVE pointer file names.
         """
         for modality in modalities or self.galleries:
-            version = self._active_version(modality)
-            if version is not None and version != self.versions().get(modality):
-                self._load(modality, version)
+            record = self._active_record(modality)
+            if record is not None and self._is_new(modality, record):
+                self._load(modality, record)
             if self.versions().get(modality) is None:
-                fallback = self._pointer_file_version(modality)
-                if fallback is not None and fallback != version:
+                fallback = self._pointer_file_record(modality)
+                if fallback is not None and fallback != record:
                     self._load(modality, fallback)
         return self.versions()
 
+    def active_sides(self) -> dict[str, ActiveSides]:
+        """What the ACTIVE file and Redis each say per gallery (for /readyz)."""
+        registry = self._file_registry
+        if self._redis_registry is not None and not self._backoff.down:
+            registry = self._redis_registry
+        return {modality: registry.sides(modality) for modality in self.galleries}
+
     # ----- internals ---------------------------------------------------------------------
 
-    def _active_version(self, modality: str) -> str | None:
+    def _is_new(self, modality: str, record: ActiveRecord) -> bool:
+        """Whether `record` is a later activation than the served one (and, for the same
+        version activated again, note its generation)."""
+        with self._lock:
+            current = self._current.get(modality)
+            if current is None or record.generation > current.generation:
+                if current is not None and current.version == record.version:
+                    current.generation = record.generation
+                    return False
+                return True
+            # equal generations differ only in stores written before generations existed
+            return record.generation == current.generation and record.version != current.version
+
+    def _active_record(self, modality: str) -> ActiveRecord | None:
         registry = self._file_registry
         if self._redis_registry is not None and not self._backoff.down:
             registry = self._redis_registry
         try:
-            return registry.active_version(modality)
+            return registry.active_record(modality)
         except (ValueError, OSError) as error:
             log.error("cannot read the active %s version: %s", modality, error)
             return None
 
-    def _pointer_file_version(self, modality: str) -> str | None:
+    def _pointer_file_record(self, modality: str) -> ActiveRecord | None:
         try:
-            return self._file_registry.active_version(modality)
+            return self._file_registry.active_record(modality)
         except (ValueError, OSError) as error:
             log.error("cannot read the %s ACTIVE pointer file: %s", modality, error)
             return None
 
-    def _load(self, modality: str, version: str) -> None:
+    def _load(self, modality: str, record: ActiveRecord) -> None:
         with self._load_lock:
-            if self.versions().get(modality) == version:
+            if not self._is_new(modality, record):
                 return
-            path = self._file_registry.version_path(modality, version)
+            path = self._file_registry.version_path(modality, record.version)
             try:
                 index = open_version(path, device=self._device, backend=self._backend)
             except (ValueError, OSError) as error:
                 log.error(
                     "cannot open %s index %s (%s); keeping the current one",
                     modality,
-                    version,
+                    record.version,
                     error,
                 )
                 return
@@ -217,10 +252,10 @@ class IndexHolder:
                 if self._check is not None:
                     self._check(index)
             except ValueError as error:
-                log.error("refusing %s index %s: %s", modality, version, error)
+                log.error("refusing %s index %s: %s", modality, record.version, error)
                 index.close()
                 return
-            self._swap(LoadedIndex(modality, version, index))
+            self._swap(LoadedIndex(modality, record.version, index, record.generation))
 
     def _swap(self, new: LoadedIndex) -> None:
         with self._lock:
@@ -285,7 +320,7 @@ class IndexHolder:
                 self._redis_url, **redis_connection_kwargs(self._socket_timeout_s)
             )
             pubsub = client.pubsub(ignore_subscribe_messages=True)
-            pubsub.subscribe(EVENTS_CHANNEL)
+            pubsub.subscribe(self._file_registry.events_channel)
         except REDIS_ERRORS as error:
             self._redis_down(error)
             return None
@@ -314,7 +349,7 @@ class IndexHolder:
             event = json.loads(data)
             modality = event["modality"]
         except (TypeError, ValueError, KeyError):
-            log.warning("ignoring malformed event on %s: %r", EVENTS_CHANNEL, data)
+            log.warning("ignoring malformed activation event: %r", data)
             return
         if event.get("event") == "activated" and modality in self.galleries:
             self._safe_refresh([modality])

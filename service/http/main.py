@@ -172,6 +172,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         socket_timeout_s=settings.redis_socket_timeout_s,
         backoff_max_s=settings.redis_backoff_max_s,
         backend=make_backend(settings.shortlist_backend, settings.milvus_uri, settings.device),
+        namespace=settings.namespace,
     )
     holder.start()
     searcher = Searcher(

@@ -210,9 +210,24 @@ ADMIN_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+class ActiveStores(BaseModel):
+    """What each store of the active version says for one gallery."""
+
+    file: str | None = Field(description="The ACTIVE file's version (generation), or null.")
+    redis: str | None = Field(
+        description="Redis's version (generation); null when unset, unreachable or unused."
+    )
+    disagreement: str | None = Field(
+        description="Why the two differ (readers follow the higher generation), or null."
+    )
+
+
 class ReadinessResponse(BaseModel):
     """GET /readyz."""
 
     ready: bool
     versions: dict[str, str | None] = Field(description="Version served per gallery.")
     detail: str
+    active: dict[str, ActiveStores] = Field(
+        default_factory=dict, description="The active-version stores per gallery."
+    )

@@ -44,14 +44,15 @@ async def answer(services: Services, ask: QueryInput, start: float) -> Answer:
         query_part.update(ask.identity)
         seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
         request_hash = _digest({**query_part, "gallery": ask.gallery, "params": vars(ask.params)})
-        key = cache_key(loaded.version, request_hash)
+        key = cache_key(services.holder.namespace, loaded.version, request_hash)
         found = await _cached_or_searched(services, ask, loaded, key, seed)
     if isinstance(found, bytes):
         return Answer(found, cache_hit=True)
     found.timings_ms.total = 1000 * (time.perf_counter() - start)
     body = response_json(found)
     _observe(services, found)
-    services.cache.store(cache_key(found.index_version, request_hash), body)
+    key = cache_key(services.holder.namespace, found.index_version, request_hash)
+    services.cache.store(key, body)
     return Answer(body, cache_hit=False)
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from indexer.cli import app
 from indexer.job_owner import owner_file, remove_debris
-from indexer.registry import ActiveRegistry, PublishLockedError, publish_lock_key
+from indexer.registry import ActiveRegistry, PublishLockedError, namespace_of, publish_lock_key
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -52,7 +52,7 @@ def test_only_the_leftovers_of_dead_jobs_of_this_host_are_removed(tmp_path) -> N
 
 def test_a_lock_whose_owner_is_dead_is_broken_and_a_live_ones_is_not(tmp_path, redis_url) -> None:
     client = redis.Redis.from_url(redis_url)
-    key = publish_lock_key("text")
+    key = publish_lock_key(namespace_of(tmp_path), "text")
     registry = ActiveRegistry(tmp_path, redis_url)
     client.set(key, f"{socket.gethostname()}:{dead_pid()}", ex=120)
     with registry.publish_lock("text"):
@@ -70,7 +70,7 @@ def test_the_lease_is_renewed_while_held(tmp_path, redis_url) -> None:
     client = redis.Redis.from_url(redis_url)
     with ActiveRegistry(tmp_path, redis_url).publish_lock("image", timeout_s=0.6):
         time.sleep(1.5)  # more than twice the lease: only renewals keep it
-        assert client.pttl(publish_lock_key("image")) > 0
+        assert client.pttl(publish_lock_key(namespace_of(tmp_path), "image")) > 0
 
 
 KILLED_INSIDE_THE_LOCK = """
@@ -93,7 +93,8 @@ def test_a_reindex_right_after_a_kill_inside_the_lock_succeeds(
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL and killed.stdout.strip() == "locked"
-    assert redis.Redis.from_url(redis_url).get(publish_lock_key("image")) is not None
+    lock_key = publish_lock_key(namespace_of(root), "image")
+    assert redis.Redis.from_url(redis_url).get(lock_key) is not None
     gone = dead_pid()
     build = root / "image" / ".tmp-20260101T000000000000Z-deadbeef"
     build.mkdir(parents=True)

@@ -8,14 +8,16 @@ import time
 import pytest
 import redis
 
+from indexer.active_record import ActiveRecord
 from indexer.publish import publish_version
 from indexer.registry import (
-    EVENTS_CHANNEL,
     ActiveRegistry,
     PublishLockedError,
+    RedisUnreachableError,
     RegistryError,
     VersionNotFoundError,
     active_key,
+    publish_lock_key,
 )
 from tests.indexer.synthetic import (
     clustered_gaussians,
@@ -47,16 +49,19 @@ def test_activate_sets_redis_pointer_file_and_publishes_event(tmp_path, redis_ur
     publish_synthetic(registry, "image", "20240101T000000000Z-aaaa")
     client = redis.Redis.from_url(redis_url)
     pubsub = client.pubsub()
-    pubsub.subscribe(EVENTS_CHANNEL)
+    pubsub.subscribe(registry.events_channel)
     next_message(pubsub, timeout=0.5)
-    registry.activate("image", "20240101T000000000Z-aaaa")
-    assert client.get(active_key("image")) == b"20240101T000000000Z-aaaa"
-    assert (tmp_path / "image" / "ACTIVE").read_text() == "20240101T000000000Z-aaaa\n"
+    assert registry.activate("image", "20240101T000000000Z-aaaa") == ActiveRecord(
+        "20240101T000000000Z-aaaa", 1
+    )
+    record = {"version": "20240101T000000000Z-aaaa", "generation": 1}
+    assert json.loads(client.get(active_key(registry.namespace, "image"))) == record
+    assert json.loads((tmp_path / "image" / "ACTIVE").read_text()) == record
     message = next_message(pubsub)
     assert message is not None and json.loads(message["data"]) == {
         "event": "activated",
         "modality": "image",
-        "version": "20240101T000000000Z-aaaa",
+        **record,
     }
     assert registry.active_version("image") == "20240101T000000000Z-aaaa"
     assert registry.active_version("text") is None
@@ -76,9 +81,15 @@ def test_without_redis_the_pointer_file_is_the_truth(
     down = ActiveRegistry(tmp_path, closed_port_url)
     assert down.active_version("text") == "v1"
     assert "Redis unreachable" in caplog.text
-    down.activate("text", "v2")  # works (pointer file) and warns instead of failing
-    assert (tmp_path / "text" / "ACTIVE").read_text().strip() == "v2"
+    with pytest.raises(RedisUnreachableError, match=r"active in the ACTIVE file \(generation 2\)"):
+        down.activate("text", "v2")  # the file takes it; the exit says Redis did not
     assert ActiveRegistry(tmp_path, None).active_version("text") == "v2"
+    # Redis still says v1, at an older generation: readers follow the file and repair Redis
+    assert up.sides("text").disagreement() == (
+        "the ACTIVE file says v2 (generation 2), Redis says v1 (generation 1)"
+    )
+    assert up.active_version("text") == "v2"
+    assert up.sides("text").disagreement() is None
 
 
 def test_publish_lock_lets_one_job_publish_at_a_time(tmp_path, redis_url) -> None:
@@ -88,7 +99,8 @@ def test_publish_lock_lets_one_job_publish_at_a_time(tmp_path, redis_url) -> Non
     write_synthetic_version(tmp_dir, mu, logvar)
     other_job = ActiveRegistry(tmp_path, redis_url)
     # another host holds the Redis lock: this job fails at once with a clear message
-    lock = redis.Redis.from_url(redis_url).lock("probsearch:lock:publish:text", timeout=30)
+    key = publish_lock_key(registry.namespace, "text")
+    lock = redis.Redis.from_url(redis_url).lock(key, timeout=30)
     assert lock.acquire(blocking=False)
     with pytest.raises(PublishLockedError, match="another job is publishing a text version"):
         publish_version(tmp_dir, other_job, "text", "v1", activate=True)

@@ -14,8 +14,9 @@ import numpy as np
 import redis
 from typer.testing import CliRunner
 
+from indexer.active_record import parse_record
 from indexer.cli import app
-from indexer.registry import ActiveRegistry, active_key
+from indexer.registry import ActiveRegistry, active_key, namespace_of
 from indexer.store import open_version
 from models.datasets.records import load_dataset
 from models.onnx.encoder_runtime import OnnxEncoder
@@ -51,8 +52,9 @@ def test_text_gallery_from_a_dataset_dir(tmp_path, small_shapes, random_model, r
     )
     assert result.exit_code == 0, result.output
     path = only_version(tmp_path, "text")
-    assert redis.Redis.from_url(redis_url).get(active_key("text")).decode() == path.name
-    assert (tmp_path / "text" / "ACTIVE").read_text().strip() == path.name
+    stored = redis.Redis.from_url(redis_url).get(active_key(namespace_of(tmp_path), "text"))
+    assert parse_record(stored) == parse_record((tmp_path / "text" / "ACTIVE").read_text())
+    assert parse_record(stored).version == path.name
     captions = load_dataset(small_shapes).captions
     version = open_version(path, verify=True)
     manifest = version.manifest

@@ -218,8 +218,8 @@ def test_cache_round_trip_and_fail_open(redis_url: str) -> None:
     async def scenario():
         metrics = ServiceMetrics()
         cache = ResultCache(redis_url, ttl_s=60, metrics=metrics)
-        key = cache_key("v1", "abc")
-        assert key == "probsearch:cache:v1:abc"
+        key = cache_key("ns", "v1", "abc")
+        assert key == "probsearch:ns:cache:v1:abc"
         assert await cache.get(key) is None
         await cache.set(key, b"{}")
         assert await cache.get(key) == b"{}"
@@ -250,7 +250,7 @@ def test_cache_store_writes_behind_and_reads_its_own_writes(redis_url: str) -> N
 
     async def scenario() -> tuple[bytes | None, bytes | None]:
         cache = ResultCache(redis_url, ttl_s=60, metrics=ServiceMetrics())
-        key = cache_key("v-behind", "request")
+        key = cache_key("ns", "v-behind", "request")
         cache.store(key, b'{"a": 1}')
         in_flight = await cache.get(key)  # the write has not reached Redis yet
         await cache.close()
@@ -265,7 +265,7 @@ def test_cache_writes_the_bodies_stored_within_the_delay_in_one_pipeline(redis_u
     import redis
 
     reader = redis.Redis.from_url(redis_url)
-    keys = [cache_key("v-together", str(i)) for i in range(4)]
+    keys = [cache_key("ns", "v-together", str(i)) for i in range(4)]
 
     async def scenario() -> tuple[list, list, list]:
         cache = ResultCache(redis_url, ttl_s=60, metrics=ServiceMetrics(), write_delay_s=0.05)
@@ -301,7 +301,7 @@ def test_cache_knows_the_keys_it_stored_or_found_lately(
     import redis
 
     monkeypatch.setattr(cache_module, "KNOWN_KEYS", 3)
-    keys = [cache_key("v-known", str(i)) for i in range(5)]
+    keys = [cache_key("ns", "v-known", str(i)) for i in range(5)]
     redis.Redis.from_url(redis_url).set(keys[4], b"elsewhere")
 
     async def scenario() -> tuple[list[bool], list[bool]]:
@@ -335,7 +335,7 @@ def test_a_lone_search_asks_the_cache_only_for_keys_it_knows(
 ) -> None:
     async def scenario() -> bool:
         cache = ResultCache(redis_url if cache_on else None, ttl_s=60, metrics=ServiceMetrics())
-        key = cache_key("v-pays", "request")
+        key = cache_key("ns", "v-pays", "request")
         if stored:
             cache.store(key, b"{}")
         services = SimpleNamespace(cache=cache, searches_in_flight=in_flight)
@@ -349,7 +349,7 @@ def test_a_lone_search_asks_the_cache_only_for_keys_it_knows(
 def test_cache_store_fails_open_when_redis_is_down() -> None:
     async def scenario() -> bytes | None:
         cache = ResultCache("redis://127.0.0.1:1/0", ttl_s=60, metrics=ServiceMetrics())
-        key = cache_key("v1", "down")
+        key = cache_key("ns", "v1", "down")
         cache.store(key, b"{}")
         await cache.close()  # the failed write is finished and forgotten
         return await cache.get(key)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from indexer.active_record import parse_record
+from indexer.registry import active_key, namespace_of
 from models.datasets.records import attributes_named, is_plausible_match, load_dataset
 from probsearch.demo import (
     EXAMPLE_ATTRIBUTES,
@@ -128,7 +130,8 @@ def test_second_run_reuses_and_activates_in_redis(
     client = redis.Redis.from_url(redis_url)
     state = json.loads((cache / "demo.json").read_text())
     for gallery, version in state["indexes"]["result"].items():
-        assert client.get(f"probsearch:active:{gallery}").decode() == version
+        key = active_key(namespace_of(cache / "indexes"), gallery)
+        assert parse_record(client.get(key)).version == version
 
 
 def test_a_changed_plan_field_rebuilds_its_stage_and_the_later_ones(tmp_path: Path) -> None:

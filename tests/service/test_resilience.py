@@ -15,7 +15,8 @@ import pytest
 import redis
 from pytest_redis.executor.process import RedisExecutor
 
-from indexer.registry import ActiveRegistry
+from indexer.active_record import ActiveRecord, parse_record
+from indexer.registry import ActiveRegistry, RedisUnreachableError, active_key, namespace_of
 from models.settings import Settings
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
@@ -214,10 +215,74 @@ def test_a_redis_version_missing_on_disk_falls_back_to_the_pointer_file(
     url = redis_url_of(service_redis, 2)
     client = redis.Redis.from_url(url)
     client.flushdb()
-    client.set("probsearch:active:text", "20000101T000000000Z-notondisk")
+    missing = ActiveRecord("20000101T000000000Z-notondisk", 99)  # newer than the file's
+    client.set(active_key(namespace_of(root), "text"), missing.to_text())
     with ServerThread(make_settings(artifacts, index_root=root, redis_url=url)) as server:
         assert server.services.holder.versions() == {
             "image": artifacts.image_v1,
             "text": artifacts.text_v1,
         }
         assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200
+
+
+def test_activations_while_redis_is_paused_never_go_back(
+    artifacts: Artifacts, own_redis: Callable[[], subprocess.Popen], tmp_path: Path
+) -> None:
+    """Issue 41's silent rollback, as it broke: Redis paused (SIGSTOP), a version activated,
+    Redis resumed, ten times under load. The activation says Redis did not take it; no answer
+    started after the new version was first served comes from the old one; at the end the
+    server, /readyz, Redis and the ACTIVE file all name the last activation."""
+    process = own_redis()
+    url = f"redis://127.0.0.1:{own_redis.port}/0"  # type: ignore[attr-defined]
+    root = copy_index_root(artifacts, tmp_path / "indexes")
+    settings = make_settings(artifacts, index_root=root, redis_url=url, poll_interval_s=0.5)
+    answers: list[tuple[float, float, int, str | None]] = []  # (sent, received, status, version)
+    stop = threading.Event()
+
+    def client_loop(http: httpx.Client) -> None:
+        for i in range(100_000):
+            if stop.is_set():
+                return
+            sent = time.monotonic()
+            response = http.post("/search/text", json={"text": f"a red circle {i % 5}", "k": 3})
+            version = response.json().get("index_version")
+            answers.append((sent, time.monotonic(), response.status_code, version))
+
+    registry = ActiveRegistry(root, url, socket_timeout_s=0.3)
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        threads = [threading.Thread(target=client_loop, args=(http,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_for(lambda: len(answers) >= 4, 30, "answers before the first activation")
+            windows = []
+            for turn in range(10):
+                target = artifacts.image_v2 if turn % 2 == 0 else artifacts.image_v1
+                before = len(answers)
+                process.send_signal(signal.SIGSTOP)
+                try:
+                    with pytest.raises(RedisUnreachableError, match="did not take it"):
+                        registry.activate("image", target)
+                finally:
+                    process.send_signal(signal.SIGCONT)
+                wait_for(lambda t=target: answers[-1][3] == t, 10, f"{target} served")
+                seen = min(r for _, r, _, v in answers[before:] if v == target)
+                time.sleep(1.5)  # the bug brought the old version back within 1 s
+                windows.append((seen, time.monotonic(), target))
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+        ready = http.get("/readyz").json()
+        served = server.services.holder.versions()["image"]
+    assert all(status == 200 for _, _, status, _ in answers)
+    for seen, end, target in windows:
+        late = {v for sent, _, _, v in answers if seen < sent < end}
+        assert late == {target}, f"after {target} was served, answers came from {late}"
+    last = ActiveRecord(artifacts.image_v1, registry.active_record("image").generation)
+    assert last.generation >= 10
+    assert served == last.version
+    assert ready["active"]["image"]["file"] == ready["active"]["image"]["redis"]
+    assert ready["active"]["image"]["disagreement"] is None
+    stored = redis.Redis.from_url(url).get(active_key(namespace_of(root), "image"))
+    assert parse_record(stored) == last == parse_record((root / "image" / "ACTIVE").read_text())

@@ -167,7 +167,7 @@ def test_cache_hit_returns_the_identical_body(
         "skips": 1, "hits": 1, "misses": 0
     }  # fmt: skip
     settings = server.services.settings
-    pattern = f"probsearch:cache:{artifacts.image_v1}:*"
+    pattern = f"probsearch:{server.services.holder.namespace}:cache:{artifacts.image_v1}:*"
     keys = _eventually(lambda: redis.Redis.from_url(settings.redis_url).keys(pattern))
     assert keys, "the response was not cached under its index version"
     ttl = redis.Redis.from_url(settings.redis_url).ttl(keys[0])

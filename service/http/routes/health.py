@@ -6,10 +6,17 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from indexer.active_record import ActiveRecord
 from indexer.calibration_inheritance import uncalibrated_metrics
 from service.http.deps import ServicesDep
-from service.http.schemas import ERROR_RESPONSES, IndexesResponse, IndexInfo, ReadinessResponse
-from service.index_holder import calibration_warning
+from service.http.schemas import (
+    ERROR_RESPONSES,
+    ActiveStores,
+    IndexesResponse,
+    IndexInfo,
+    ReadinessResponse,
+)
+from service.index_holder import IndexHolder, calibration_warning
 from service.metrics import CONTENT_TYPE_LATEST
 
 router = APIRouter(tags=["health"])
@@ -33,20 +40,41 @@ async def readyz(request: Request) -> JSONResponse:
         body = ReadinessResponse(ready=False, versions={}, detail="starting: loading the model")
         return JSONResponse(body.model_dump(), status_code=503)
     versions = services.holder.versions()
+    active = await run_in_threadpool(_active_stores, services.holder)
     missing = [gallery for gallery, version in versions.items() if version is None]
     if missing:
         detail = f"no index loaded for: {', '.join(missing)} (activate one with probsearch reindex)"
-        body = ReadinessResponse(ready=False, versions=versions, detail=detail)
-        return JSONResponse(body.model_dump(), status_code=503)
+        return _readiness(False, versions, detail, active)
     problems = await run_in_threadpool(services.holder.shortlist_problems)
     if problems:
-        detail = "shortlist unavailable: " + "; ".join(problems)
-        body = ReadinessResponse(ready=False, versions=versions, detail=detail)
-        return JSONResponse(body.model_dump(), status_code=503)
+        return _readiness(False, versions, "shortlist unavailable: " + "; ".join(problems), active)
     warnings = [w for w in map(calibration_warning, services.holder.loaded()) if w]
+    warnings += [f"{m}: {s.disagreement}" for m, s in active.items() if s.disagreement]
     detail = "; ".join(["ready", *(f"warning: {w}" for w in warnings)])
-    body = ReadinessResponse(ready=True, versions=versions, detail=detail)
-    return JSONResponse(body.model_dump())
+    return _readiness(True, versions, detail, active)
+
+
+def _readiness(
+    ready: bool, versions: dict[str, str | None], detail: str, active: dict[str, ActiveStores]
+) -> JSONResponse:
+    body = ReadinessResponse(ready=ready, versions=versions, detail=detail, active=active)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+def _active_stores(holder: IndexHolder) -> dict[str, ActiveStores]:
+    def show(record: ActiveRecord | None) -> str | None:
+        return None if record is None else f"{record.version} (generation {record.generation})"
+
+    try:
+        sides = holder.active_sides()
+    except (ValueError, OSError) as error:
+        return {"?": ActiveStores(file=None, redis=None, disagreement=f"unreadable: {error}")}
+    return {
+        modality: ActiveStores(
+            file=show(s.file), redis=show(s.redis), disagreement=s.disagreement()
+        )
+        for modality, s in sides.items()
+    }
 
 
 @router.get("/metrics", response_class=Response)
