@@ -65,8 +65,8 @@ def reindex(
     metrics: Annotated[
         str,
         typer.Option(
-            help="Comma-separated metrics to serve (default: the one the model ranks this "
-            "gallery with)."
+            help="Comma-separated metrics to serve (default: the active version's when the "
+            "same model built it, else the one the model ranks this gallery with)."
         ),
     ] = "",
     index_type: Annotated[str, typer.Option(help="auto|flat|ivf|ivfsq|hnsw|ivfpq")] = "auto",
@@ -92,6 +92,7 @@ def reindex(
     """Embed a gallery and publish a new index version (optionally activating it)."""
     from indexer.publish import ReindexJob, run_reindex
     from indexer.ray_engine import RayOptions
+    from indexer.registry import default_redis_url
     from indexer.threads import apply_thread_budget
 
     settings = settings_from({"model": model, "index_root": index_root, "redis_url": redis_url})
@@ -103,13 +104,14 @@ def reindex(
         source=source,
         model_dir=model_dir,
         index_root=required(settings, "index_root", "--index-root"),
-        metrics=served or _run(lambda: _default_metrics(model_dir, modality)),
+        metrics=served,
         index_type=index_type,
         dtype=dtype,
         batch_size=batch_size,
         chunk_items=chunk_items,
         activate=activate,
-        redis_url=settings.redis_url,
+        redis_url=default_redis_url(settings.redis_url),
+        namespace=settings.namespace,
         max_bad_fraction=max_bad_fraction,
         split=split,
         image_root=image_root,
@@ -137,27 +139,19 @@ def reindex(
     )
     if result.calibration_note:
         typer.echo(f"calibration: {result.calibration_note}")
-
-
-def _default_metrics(model_dir: Path, modality: str) -> tuple[str, ...]:
-    """The metric the model ranks this gallery with (ModelConfig.default_metric), so the
-    service's default works on the new version; w2 for a pvse model (max_pair is searched
-    from the multi-vector index every version has)."""
-    from models.distance.gaussian import METRICS
-    from models.networks.model_config import ModelConfig
-
-    metric = ModelConfig.load(model_dir).default_metric(modality)
-    return (metric if metric in METRICS else "w2",)
+    if result.activated and job.redis_url is None:
+        typer.echo(_FILE_ONLY)
 
 
 def _registry(index_root: Path | None, redis_url: str | None):
     from indexer.publish import milvus_backend
-    from indexer.registry import ActiveRegistry
+    from indexer.registry import ActiveRegistry, default_redis_url
 
     settings = settings_from({"index_root": index_root, "redis_url": redis_url})
     root = required(settings, "index_root", "--index-root")
     aliases = _run(lambda: milvus_backend(settings.shortlist_backend, settings.milvus_uri))
-    return ActiveRegistry(root, settings.redis_url, aliases=aliases)
+    redis_url = default_redis_url(settings.redis_url)
+    return ActiveRegistry(root, redis_url, aliases=aliases, namespace=settings.namespace)
 
 
 @index_app.command("list")
@@ -170,10 +164,12 @@ def list_versions(
     registry = _registry(index_root, redis_url)
 
     def body() -> None:
+        sides = registry.sides(modality)
         active = registry.active_version(modality)
         versions = registry.versions(modality)
         if not versions:
             typer.echo(f"no {modality} versions under {registry.index_root}")
+        typer.echo(_stores_line(sides, registry.redis_url))
         for version in versions:
             m = read_manifest(registry.version_path(modality, version))
             mark = "*" if version == active else " "
@@ -185,6 +181,21 @@ def list_versions(
     _run(body)
 
 
+_FILE_ONLY = (
+    "no Redis configured or answering on 127.0.0.1:6379: only the ACTIVE file was written; a "
+    "service reading this index root switches on its next poll (a few seconds), not at once"
+)
+
+
+def _stores_line(sides: Any, redis_url: str | None) -> str:
+    """Where the active version is recorded, and any disagreement between the stores."""
+    where = f"ACTIVE file and Redis at {redis_url}" if redis_url else "ACTIVE file only (no Redis)"
+    problem = sides.disagreement()
+    return f"active version recorded in: {where}" + (
+        f"\nwarning: {problem}; readers follow the higher generation" if problem else ""
+    )
+
+
 @index_app.command("activate")
 def activate_version(
     modality: ModalityOpt,
@@ -194,8 +205,10 @@ def activate_version(
 ) -> None:
     """Make a published version active (Redis key, ACTIVE file, activation event)."""
     registry = _registry(index_root, redis_url)
-    _run(lambda: registry.activate(modality, version))
-    typer.echo(f"activated {modality} version {version}")
+    record = _run(lambda: registry.activate(modality, version))
+    typer.echo(f"activated {modality} version {version} (generation {record.generation})")
+    if registry.redis_url is None:
+        typer.echo(_FILE_ONLY)
 
 
 @index_app.command("rollback")
@@ -251,7 +264,7 @@ def calibrate(
     """Pick the reject score, its temperature and threshold for the active indexes on held-out
     queries (the score with the best normalised AUPRC)."""
     from indexer.calibration import CalibrationJob, Target, run_calibration
-    from indexer.registry import ActiveRegistry
+    from indexer.registry import ActiveRegistry, default_redis_url
     from indexer.threads import apply_thread_budget
     from models.threads import thread_budget
 
@@ -261,7 +274,8 @@ def calibrate(
         threads = apply_thread_budget(thread_budget("batch", settings.threads))
         check_served_paths(settings)
         target = Target(precision=target_precision, coverage=target_coverage)
-        registry = ActiveRegistry(settings.index_root, settings.redis_url)
+        redis = default_redis_url(settings.redis_url)
+        registry = ActiveRegistry(settings.index_root, redis, namespace=settings.namespace)
         for modality in gallery or settings.galleries:
             version = registry.active_version(modality)
             if version is None:

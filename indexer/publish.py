@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,8 +55,8 @@ from indexer.version_writer import (
     write_arrays_and_metadata,
     write_version_indexes,
 )
-from models.distance.gaussian import check_metric
-from models.networks.model_config import model_fingerprint
+from models.distance.gaussian import METRICS, check_metric
+from models.networks.model_config import ModelConfig, model_fingerprint
 from models.threads import ThreadBudget
 
 log = logging.getLogger(__name__)
@@ -77,13 +77,14 @@ class ReindexJob:
     source: Path
     model_dir: Path
     index_root: Path
-    metrics: tuple[str, ...] = ("w2",)
+    metrics: tuple[str, ...] = ("w2",)  # empty: inherited_metrics
     index_type: str = "auto"
     dtype: str = "float32"
     batch_size: int = 64
     chunk_items: int = CHUNK_ITEMS
     activate: bool = False
     redis_url: str | None = None
+    namespace: str | None = None  # of the Redis keys; None: registry.namespace_of(index_root)
     max_bad_fraction: float = 0.01
     max_caption_chars: int = MAX_CAPTION_CHARS
     split: str | None = None
@@ -140,9 +141,11 @@ def new_version_name(key: str) -> str:
 
 def run_reindex(job: ReindexJob) -> PublishResult:
     """Embed the gallery, build and verify a version, publish it, optionally activate it."""
-    job.validate()
     milvus = milvus_backend(job.shortlist_backend, job.milvus_uri)
-    registry = ActiveRegistry(job.index_root, job.redis_url, aliases=milvus)
+    registry = ActiveRegistry(job.index_root, job.redis_url, milvus, namespace=job.namespace)
+    if not job.metrics:
+        job = replace(job, metrics=inherited_metrics(job, active_manifest(registry, job.modality)))
+    job.validate()
     modality_dir = registry.modality_dir(job.modality)
     for name in remove_debris(modality_dir):
         log.warning("removed %s, left in %s by a job that is gone", name, modality_dir)
@@ -182,6 +185,19 @@ def run_reindex(job: ReindexJob) -> PublishResult:
         release_owner(tmp_dir)
     shutil.rmtree(work_dir, ignore_errors=True)
     return PublishResult(version, path, job.activate, report, summary.reused_chunks, inherited.note)
+
+
+def inherited_metrics(job: ReindexJob, active: Manifest | None) -> tuple[str, ...]:
+    """The metrics of a reindex that names none: the active version's when the same model
+    built it (a new version must not drop a metric the service and its clients use), else
+    the one the model ranks this gallery with (ModelConfig.default_metric); w2 for a pvse
+    model (max_pair is searched from the multi-vector index every version has)."""
+    if active is not None:
+        _, model_hash = model_fingerprint(job.model_dir, job.modality)
+        if active.model_hash == model_hash:
+            return tuple(m for m in active.metrics if m in METRICS) or ("w2",)
+    metric = ModelConfig.load(job.model_dir).default_metric(job.modality)
+    return (metric if metric in METRICS else "w2",)
 
 
 def milvus_backend(name: str, uri: str | None) -> MilvusBackend | None:

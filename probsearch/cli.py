@@ -40,9 +40,6 @@ demo_app = typer.Typer()  # its own group, so `demo` is listed last, after the s
 app.add_typer(demo_app)
 
 
-DEFAULT_LOCAL_REDIS = "redis://127.0.0.1:6379/0"
-
-
 @demo_app.command()
 def demo(
     cache_dir: Annotated[Path, typer.Option(help="Where the demo builds and reuses.")] = Path(
@@ -67,6 +64,7 @@ def demo(
     searched with heads on pretrained backbones, or with --shapes the shapes lab."""
     import httpx
 
+    from indexer.registry import DEFAULT_LOCAL_REDIS, redis_answering
     from indexer.threads import apply_thread_budget
     from models.threads import available_cpus, thread_budget
     from probsearch.background_server import BackgroundServer
@@ -75,7 +73,6 @@ def demo(
         SHAPES_PLAN,
         SMALL_PLAN,
         build_demo,
-        redis_answering,
         run_examples,
     )
 

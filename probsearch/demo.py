@@ -19,10 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from indexer.calibration import CalibrationJob, Target, run_calibration
 from indexer.publish import ReindexJob, run_reindex
+from indexer.calibration_inheritance import active_manifest
 from indexer.registry import ActiveRegistry
 from models.datasets.clipart import DATASET_NAME as CLIPART_NAME
 from models.datasets.clipart import LIBRARY, write_clipart
@@ -191,19 +190,6 @@ class DemoPaths:
         return self.root / "indexes"
 
 
-def redis_answering(url: str | None) -> bool:
-    """Whether a Redis server answers PING at `url` within a second."""
-    if not url:
-        return False
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
 # Each stage depends on its own plan fields and on every stage before it.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data", ("dataset", "library", "images", "seed")),
@@ -331,11 +317,29 @@ def build_demo(
             done[name] = BUILDERS[name](paths, plan, done, say, threads)
             _save_state(paths, keys, done)
     registry = ActiveRegistry(paths.index_root, redis_url)
-    for gallery, version in done["indexes"].items():
-        registry.activate(gallery, version)
     where = f"Redis at {redis_url} and the ACTIVE files" if redis_url else "the ACTIVE files"
-    say(f"activated {done['indexes']} in {where}")
+    for gallery, version in done["indexes"].items():
+        users = user_version(registry, gallery, paths)
+        if users is None:
+            registry.activate(gallery, version)
+            say(f"activated the demo's {gallery} gallery {version} in {where}")
+        else:
+            say(
+                f"keeping your {gallery} gallery {users} active (the demo's is {version}: "
+                f"`probsearch index activate --modality {gallery} {version} --index-root "
+                f"{paths.index_root}` switches back)"
+            )
     return paths
+
+
+def user_version(registry: ActiveRegistry, gallery: str, paths: DemoPaths) -> str | None:
+    """The active version of `gallery` when a user activated one built from a source other
+    than the demo's data (their own pictures or captions), else None: the demo then activates
+    its own, and never takes the slot from theirs."""
+    manifest = active_manifest(registry, gallery)
+    if manifest is None or Path(manifest.source) == paths.data.resolve():
+        return None
+    return manifest.version
 
 
 EXAMPLE_CANDIDATES = 60  # test captions / images tried for each example
@@ -400,6 +404,10 @@ def _describe_captions(body: dict[str, Any]) -> str:
 def run_examples(http: Any, url: str, paths: DemoPaths, say: Say) -> None:
     """Show a caption and an image the service answers, and a photograph it rejects (a kind
     of image it was never trained on), each as a curl command and its answer."""
+    registry = ActiveRegistry(paths.index_root, None)
+    if any(user_version(registry, gallery, paths) for gallery in GALLERIES):
+        say("\nyour own gallery is active: the demo's example queries are skipped")
+        return
     examples = load_examples(paths)
     request, body = _answered_caption(http, url, examples)
     say(f"\n# text -> images\n{_text_curl(url, request)}\n  "

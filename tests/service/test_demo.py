@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from indexer.active_record import parse_record
-from indexer.registry import active_key, namespace_of
+from indexer.registry import ActiveRegistry, active_key, namespace_of
 from models.datasets.records import attributes_named, is_plausible_match, load_dataset
 from probsearch.demo import (
     EXAMPLE_ATTRIBUTES,
@@ -114,7 +114,7 @@ def test_first_run_activates_calibrated_versions(first_run: tuple[Path, str]) ->
     state = json.loads((cache / "demo.json").read_text())
     assert list(state) == ["data", "model", "indexes", "calibration"]
     for gallery, version in state["indexes"]["result"].items():
-        assert (cache / "indexes" / gallery / "ACTIVE").read_text().strip() == version
+        assert parse_record((cache / "indexes" / gallery / "ACTIVE").read_text()).version == version
         manifest = json.loads((cache / "indexes" / gallery / version / "manifest.json").read_text())
         assert manifest["calibration"]["w2"]["threshold"] is not None
 
@@ -156,3 +156,25 @@ def test_a_changed_recipe_retrains_the_cached_model(tmp_path: Path, monkeypatch)
     _save_state(paths, _stage_keys(SMALL_PLAN), results)
     monkeypatch.setattr("probsearch.demo.DEMO_OUTLIERS", 0.5)
     assert _done_stages(paths, _stage_keys(SMALL_PLAN)) == {"data": True}
+
+
+def test_a_rerun_keeps_the_gallery_you_activated(
+    first_run: tuple[Path, str], redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 42: running the demo again re-activated its own galleries over the user's."""
+    cache, _ = first_run
+    captions = tmp_path / "mine.jsonl"
+    captions.write_text(
+        "".join(f'{{"id": "mine-{i}", "text": "a red circle {i}"}}\n' for i in range(5))
+    )
+    reindex = [str(PROBSEARCH), "reindex", "--modality", "text", "--source", str(captions),
+               "--model", str(cache / "model"), "--index-root", str(cache / "indexes"),
+               "--activate", "--redis-url", redis_url]  # fmt: skip
+    subprocess.run(reindex, check=True, capture_output=True, timeout=300)
+    registry = ActiveRegistry(cache / "indexes", redis_url)
+    mine = registry.active_version("text")
+    out = run_demo(cache, redis_url).stdout
+    assert f"keeping your text gallery {mine} active" in out
+    assert "activated the demo's image gallery" in out
+    assert "your own gallery is active: the demo's example queries are skipped" in out
+    assert registry.active_version("text") == mine

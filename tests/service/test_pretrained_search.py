@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from indexer.manifest import read_manifest
+from indexer.registry import ActiveRegistry
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
@@ -77,7 +78,7 @@ def search(server, path: str, **body) -> dict:
 
 
 def active_version(index_root: Path, modality: str) -> Path:
-    return index_root / modality / (index_root / modality / "ACTIVE").read_text().strip()
+    return index_root / modality / ActiveRegistry(index_root, None).active_version(modality)
 
 
 def test_a_caption_is_answered_exactly_with_a_nonzero_mi(served) -> None:
