@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, TypeAdapter
 
 from indexer.manifest import Calibration
+from models.scoring.known_words import UNKNOWN_WORDS_LIMIT, UNKNOWN_WORDS_SCORE, WordCheck
 from models.scoring.query_scores import QueryScores, unfamiliar
 from models.scoring.rerank import RankedBatch
 from models.scoring.uncertainty import log_det
@@ -61,7 +62,8 @@ class RejectScore:
     name: Annotated[
         str,
         _about("One of log_det, entropy, feature_uncertainty, mutual_information, "
-               "posterior_entropy, top_mahalanobis, novelty."),
+               "posterior_entropy, top_mahalanobis, novelty, unknown_words (the share of "
+               "the caption's content words the model never met in training)."),
     ]  # fmt: skip
     value: Annotated[float | None, _about("The query's value; null if not computed "
                                           "(a draw-based score with mc_samples 0).")]  # fmt: skip
@@ -129,6 +131,12 @@ class QueryInfo:
                "(a model without dropout, or one draw), where both are 0 whatever the query. "
                "Their values are still given."),
     ] = field(default_factory=list)  # fmt: skip
+    unknown_words: Annotated[
+        list[str],
+        _about("Caption queries: the content words the model never met in its training "
+               "captions (its encoders cannot place them). A caption with more unknown than "
+               "known content words is rejected by the unknown_words score."),
+    ] = field(default_factory=list)  # fmt: skip
 
 
 @dataclass
@@ -179,17 +187,19 @@ def query_info(
     mc_samples: int,
     shortlist_size: int,
     embedding: tuple[np.ndarray, np.ndarray] | None,
+    words: WordCheck | None = None,
 ) -> QueryInfo:
     """The query at position j of `scores`, judged by `rule`; `embedding`: its (mu, logvar)
-    when the request asked for them."""
+    when the request asked for them; `words`: a caption's unknown words."""
     values = {name: _value(scores.get(name), j) for name in _SCORE_FIELDS}
-    reject = rule.reject_score(values)
+    reject = rule.reject_score(values, words)
     mu, logvar = (None, None) if embedding is None else (a.tolist() for a in embedding)
     return QueryInfo(
         modality=kind, **values, reject_score=reject, rejected=reject.rejected,
         reject_threshold=reject.threshold, temperature=rule.temperature, mc_samples=mc_samples,
         shortlist_size=shortlist_size, mu=mu, logvar=logvar,
         uninformative=uninformative(values, mc_samples, shortlist_size),
+        unknown_words=list(words.unknown) if words is not None else [],
     )  # fmt: skip
 
 
@@ -246,10 +256,15 @@ class ScoreSettings:
             calibration.gate_limit if threshold is None else None,
         )
 
-    def reject_score(self, values: dict[str, float | None]) -> RejectScore:
-        """The score that decides, from the query's score values by name: the familiarity
-        gate's score when it is above the gate (an image unlike the training images), else the
+    def reject_score(
+        self, values: dict[str, float | None], words: WordCheck | None = None
+    ) -> RejectScore:
+        """The score that decides, from the query's score values by name: the share of
+        unknown words of a caption that is mostly unknown words, else the familiarity gate's
+        score when it is above the gate (an image unlike the training images), else the
         calibrated score."""
+        if words is not None and words.mostly_unknown:
+            return RejectScore(UNKNOWN_WORDS_SCORE, words.unknown_fraction, UNKNOWN_WORDS_LIMIT)
         familiarity = values.get(self.gate_score)
         if familiarity is not None and unfamiliar(familiarity, self.gate_limit):
             return RejectScore(self.gate_score, familiarity, self.gate_limit)

@@ -24,6 +24,7 @@ from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import METRICS
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR
+from models.scoring.known_words import KnownWords, WordCheck
 from models.scoring.query_scores import QueryScores, score_shortlists
 from models.scoring.rerank import RankedBatch
 from models.scoring.uncertainty import sample_gaussian
@@ -130,6 +131,7 @@ class Encoded:
     mc_embeddings: np.ndarray | None = None  # (L, K, D)
     identical_draws: bool = False  # every draw is (mu, logvar): an encoder without dropout
     novelty: float | None = None  # image queries of a model on pretrained backbones
+    words: WordCheck | None = None  # caption queries of a model that records its known words
 
 
 @dataclass
@@ -165,8 +167,10 @@ class Searcher:
         settings: Settings,
         model_name: str,
         device: torch.device,
+        known_words: KnownWords | None = None,
     ) -> None:
         self.holder = holder
+        self.known_words = known_words
         self.model_name = model_name
         self.encoders = dict(encoders)
         self.default_metrics = dict(default_metrics)
@@ -307,9 +311,15 @@ class Searcher:
                 mc_embeddings=None if out.mc_embeddings is None else out.mc_embeddings[:, i],
                 identical_draws=out.identical_draws,
                 novelty=None if out.novelty is None else float(out.novelty[i]),
+                words=self._word_check(queries[i]),
             )
             for i, position in enumerate(positions)
         }
+
+    def _word_check(self, query: Query) -> WordCheck | None:
+        if query.kind != "text" or self.known_words is None:
+            return None
+        return self.known_words.check(query.text or "")
 
     # ----- shortlist, re-rank, uncertainty ----------------------------------------------
 
@@ -459,8 +469,9 @@ def _outcome(
     params, enc = plan.query.params, plan.encoded
     embedding = (enc.mu, enc.logvar) if params.return_embedding else None
     query = query_info(
-        plan.query.kind, scores, j, setting, params.mc_samples, shortlist_size, embedding
-    )
+        plan.query.kind, scores, j, setting, params.mc_samples, shortlist_size, embedding,
+        enc.words,
+    )  # fmt: skip
     return SearchResponse(
         query=query,
         results=hits,

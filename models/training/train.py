@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from models.datasets.records import load_dataset
 from models.evaluation.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
 from models.networks.feature_novelty import save_bank
 from models.networks.heads import fraction_at_bound
@@ -36,12 +37,13 @@ from models.networks.probabilistic_model import (
     load_model,
     save_checkpoint,
 )
-from models.networks.tokenizer import Tokenizer
+from models.networks.tokenizer import PAD, UNK, Tokenizer
 from models.objectives import INITIAL_MATCH_SHIFT, BatchEmbeddings, batch_loss
 from models.objectives.hinge import similarity_matrix
 from models.objectives.labels import ImageProbes
 from models.onnx.export import export_encoders
 from models.pvse.training import pvse_batch_loss, pvse_similarity
+from models.scoring.known_words import KnownWords
 from models.scoring.uncertainty import log_det
 from models.training.batches import PreparedBatch, prefetched, prepare_batch
 from models.training.feature_splits import load_feature_splits
@@ -438,6 +440,8 @@ def _training_splits(
         )
         if text.tokenizer_file is not None:
             shutil.copyfile(text.tokenizer_file, out_dir / TOKENIZER_FILE)
+        train_captions = load_dataset(data_dir, "train").captions
+        KnownWords.from_captions(c.text for c in train_captions).save(out_dir)
         return train_split, val_split, model_config
     tokenizer = Tokenizer.load(out_dir / VOCAB_FILE) if resumed else None
     swaps = train_config.seed if train_config.counterfactual_weight > 0 else None
@@ -450,6 +454,7 @@ def _training_splits(
         tuple(train_config.caption_swaps.split(",")),
     )
     tokenizer.save(out_dir / VOCAB_FILE)
+    KnownWords(t for t in tokenizer.tokens if t not in (PAD, UNK)).save(out_dir)
     return train_split, val_split, model_config.replace(vocab_size=len(tokenizer))
 
 
@@ -536,7 +541,8 @@ def train(
     features: Path | None = None,
 ) -> TrainResult:
     """Train on DATA_DIR and write OUT_DIR: model.json, checkpoint.pt (the epoch with the best
-    validation score), vocab.json, history.json, last.pt and the two ONNX encoders.
+    validation score), vocab.json, known_words.json, history.json, last.pt and the two ONNX
+    encoders.
 
     The learning rate falls by `lr_decay` after `lr_patience` epochs without a better
     validation score, and training stops after `patience` such epochs (or at `epochs`).

@@ -18,6 +18,7 @@ from indexer.store import IndexVersion
 from indexer.threads import apply_thread_budget
 from models.networks.model_config import ModelConfig, model_fingerprint
 from models.onnx.encoder_runtime import OnnxEncoder
+from models.scoring.known_words import KnownWords
 from models.scoring.rerank import compute_device
 from models.settings import Settings
 from models.threads import thread_budget
@@ -182,6 +183,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
         settings=settings,
         model_name=config.name,
         device=compute_device(settings.device),
+        known_words=KnownWords.load(settings.model),
     )
     # Image queries have a batcher (and worker thread) of their own: encoding a batch of
     # images with MC draws takes far longer than a caption, and text queries must not queue

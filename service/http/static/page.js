@@ -3,7 +3,11 @@
 
 const K_CHOICES = [5, 10, 20, 50, 100];
 const GALLERY_NAMES = { image: "image index", text: "caption index" };
-const SCORE_NAMES = { mutual_information: "mutual information", log_det: "vagueness (log det)" };
+const SCORE_NAMES = {
+  mutual_information: "mutual information",
+  log_det: "vagueness (log det)",
+  unknown_words: "share of unknown words",
+};
 // What each reject score measures, in a sentence for someone who never met the word: the page
 // explains the score the service actually rejects with (query.reject_score.name), no other.
 const EXPLAIN = {
@@ -19,6 +23,8 @@ const EXPLAIN = {
   entropy: "The query is vague: the model's reading of it is spread out widely.",
   feature_uncertainty: "The model's reading of the query moves a lot between repeated runs " +
     "with small random changes (MC dropout).",
+  unknown_words: "Most words of this query are words the model never met in training, so it " +
+    "cannot tell what the query asks for.",
 };
 
 const state = { config: null, lastQuery: null };
@@ -218,6 +224,14 @@ function showVerdict(queryInfo) {
   $("banner-detail").textContent = reason + " The results are shown below, but treat them with care.";
   drawGauge(score, name, queryInfo);
   showVagueness(queryInfo);
+  showUnknownWords(queryInfo);
+}
+
+// The caption's words the model never met in training (query.unknown_words).
+function showUnknownWords(queryInfo) {
+  const words = queryInfo.unknown_words || [];
+  $("unknown-words").hidden = words.length === 0;
+  $("unknown-words-list").textContent = words.join(", ");
 }
 
 // The query's own vagueness (its log det), apart from the score the service rejects with.
