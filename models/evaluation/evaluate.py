@@ -540,6 +540,7 @@ def evaluate_model(
             report["metrics"][metric]["ood"] = ood_auroc(
                 metric, ood, embedded.captions, image_query_scores, config
             )
+        report["metrics"][metric]["no_match"] = no_match_rejection(embedded, metric, config)
         if extra:
             report["metrics"][metric]["ood_extra"] = {
                 name: ood_auroc(metric, probes, embedded.captions, image_query_scores, config)
@@ -592,6 +593,53 @@ def ood_auroc(
 
 
 SHIFT_FALSE_REJECTION = 0.05
+# Share of the split's images taken out of the gallery in the no-match experiment.
+NO_MATCH_REMOVED = 0.5
+
+
+def no_match_rejection(split: SplitEmbeddings, metric: str, config: EvalConfig) -> dict:
+    """Captions with nothing to find: a seeded half of the split's images is taken out of the
+    image gallery, which leaves some captions without any plausible match in what remains.
+    AUROC of each score (the learned ones and the training-free baselines) for telling those
+    captions from the ones that still have a match, and the share of them rejected at the
+    threshold that rejects 5% of the answerable ones (as for dataset shift)."""
+    images, captions = split.dataset.images, split.dataset.captions
+    kept = np.random.default_rng(config.seed).random(len(images)) >= NO_MATCH_REMOVED
+    gallery = _rows(split.images, kept)
+    remaining = [image for image, keep in zip(images, kept, strict=True) if keep]
+    answerable = plausible_match_matrix(captions, remaining).any(1)  # (Q,)
+    device = torch_device(config.device)
+    queries = split.captions
+    chunks = distance_chunks(metric, queries, gallery, config.chunk_size, device, config.seed)
+    m = min(config.shortlist_size, gallery.mu.shape[0])
+    shortlist = np.concatenate(
+        [torch.topk(d, m, dim=1, largest=False).indices.cpu().numpy() for _, d in chunks]
+    )  # (Q, m)
+    scores = direction_scores(metric, queries, gallery, shortlist, config, caption_query=True)
+    has, lacks = answerable, ~answerable
+    counts = {"captions": len(captions), "no_match": int(lacks.sum())}
+    counts["gallery_images"] = int(kept.sum())
+    if not has.any() or not lacks.any():
+        return {**counts, "auroc": {}, "rejected": {}}
+    return {
+        **counts,
+        "auroc": {name: auroc(v[has], v[lacks]) for name, v in scores.items()},
+        "rejected": {name: rejected_share(v[has], v[lacks]) for name, v in scores.items()},
+    }
+
+
+def _rows(embeddings: Embeddings, mask: np.ndarray) -> Embeddings:
+    """The items of `embeddings` where `mask` is true (draws and pvse vectors included)."""
+
+    def pick(a: np.ndarray | None, axis: int) -> np.ndarray | None:
+        return None if a is None else np.compress(mask, a, axis=axis)
+
+    return Embeddings(
+        mu=pick(embeddings.mu, 0), logvar=pick(embeddings.logvar, 0),
+        mc_mu=pick(embeddings.mc_mu, 1), mc_logvar=pick(embeddings.mc_logvar, 1),
+        embeddings=pick(embeddings.embeddings, 0), mc_embeddings=pick(embeddings.mc_embeddings, 1),
+        identical_draws=embeddings.identical_draws, novelty=pick(embeddings.novelty, 0),
+    )  # fmt: skip
 
 
 def rejected_share(in_distribution: np.ndarray, shifted: np.ndarray) -> float:

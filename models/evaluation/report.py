@@ -123,6 +123,30 @@ def _ood_section(report: dict) -> list[str]:
     ]
 
 
+def _no_match_section(report: dict) -> list[str]:
+    rows = [
+        [metric, name, _fmt(value, 3), _fmt(100 * result["no_match"]["rejected"][name], 1)]
+        for metric, result in report["metrics"].items()
+        if result.get("no_match", {}).get("auroc")
+        for name, value in result["no_match"]["auroc"].items()
+    ]
+    if not rows:
+        return []
+    first = next(r["no_match"] for r in report["metrics"].values() if r.get("no_match"))
+    return [
+        "## Nothing in the gallery matches (caption queries)",
+        "",
+        f"Half the split's images taken out of the gallery ({first['gallery_images']} kept) "
+        f"leaves {first['no_match']} of {first['captions']} captions without any plausible "
+        "match. AUROC of each score for telling them from the captions that still have one "
+        "(1 = every caption without a match scores as more uncertain, 0.5 = chance), and the "
+        "share of them rejected at the threshold that rejects 5% of the answerable captions.",
+        "",
+        *_table(["metric", "score", "AUROC", "rejected %"], rows),
+        "",
+    ]
+
+
 def _decile_section(report: dict) -> list[str]:
     lines = ["## P@1 per uncertainty decile (decile 1 = most certain)", ""]
     for metric, result in report["metrics"].items():
@@ -189,6 +213,7 @@ def markdown_report(report: dict, plots: list[str] | None = None) -> str:
             "",
         ]
     lines += _retrieval_section(report) + _rejection_section(report) + _ood_section(report)
+    lines += _no_match_section(report)
     lines += _decile_section(report) + _crop_section(report)
     rows = [
         [m, _fmt(v["mean"]), _fmt(v["std"]), _fmt(100 * v.get("at_bound", 0.0), 1)]

@@ -15,6 +15,7 @@ from models.datasets.records import is_plausible_match, load_dataset
 from models.distance.gaussian import pairwise_distance
 from models.evaluation.cli import app
 from models.evaluation.evaluate import (
+    NO_MATCH_REMOVED,
     EvalConfig,
     PlausibleMatchRelevance,
     SplitEmbeddings,
@@ -25,7 +26,7 @@ from models.evaluation.evaluate import (
     evaluate_model,
     rejected_share,
 )
-from models.evaluation.report import write_report
+from models.evaluation.report import markdown_report, write_report
 from models.onnx.encoder_runtime import Embeddings
 from models.scoring.baseline_scores import BASELINE_NAMES
 from models.scoring.uncertainty import mutual_information
@@ -382,3 +383,24 @@ def test_rejected_share_counts_the_probes_above_the_95th_percentile() -> None:
     assert rejected_share(many, many) == pytest.approx(0.05, abs=1e-3)
     brute = sorted(many)[int(0.95 * (len(many) - 1)) + 1]  # smallest value above the quantile
     assert rejected_share(many, np.array([brute])) == 1.0
+
+
+def test_no_match_figure_matches_a_brute_force_loop(report: dict, embedded: SplitEmbeddings):
+    """The captions left without a plausible match when half the images leave the gallery,
+    found by a loop over is_plausible_match, and the AUROC of the caption's own log-det (which
+    no gallery changes) counted pair by pair."""
+    images, captions = embedded.dataset.images, embedded.dataset.captions
+    kept = np.random.default_rng(CONFIG.seed).random(len(images)) >= NO_MATCH_REMOVED
+    lacks = np.array(
+        [not any(is_plausible_match(c, im) for im, k in zip(images, kept, strict=True) if k)
+         for c in captions]
+    )  # fmt: skip
+    section = report["metrics"]["w2"]["no_match"]
+    assert section["no_match"] == int(lacks.sum()) > 0 and section["captions"] == len(captions)
+    assert section["gallery_images"] == int(kept.sum())
+    log_det = embedded.captions.logvar.astype(np.float64).sum(1)
+    pairs = [(p > n) + 0.5 * (p == n) for p in log_det[lacks] for n in log_det[~lacks]]
+    assert section["auroc"]["log_det"] == pytest.approx(np.mean(pairs), abs=1e-9)
+    assert set(BASELINE_NAMES) <= set(section["auroc"])
+    markdown = markdown_report(report)
+    assert "## Nothing in the gallery matches" in markdown
