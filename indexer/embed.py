@@ -252,5 +252,7 @@ def _record(item: GalleryItem, modality: str) -> dict[str, Any]:
     if modality == "text":
         record["text"] = item.text
     else:
-        record["uri"] = str(item.path)
+        # relative to the source's image root (indexer.sources); str(path) only for an item a
+        # caller built without one
+        record["uri"] = item.uri if item.uri is not None else str(item.path)
     return record

@@ -66,6 +66,10 @@ class Manifest:
     created_at: str
     dtype: str = "float32"
     source: str = ""
+    # The folder an image's metadata `uri` is relative to (resolved at reindex: the image
+    # folder, the dataset dir or a COCO --image-root). "" in a version written before uris
+    # were relative: its uris are absolute (or relative to the reindex's working directory).
+    image_root: str = ""
     files: dict[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     calibration_inherited_from: str | None = None  # version whose calibration was copied

@@ -168,6 +168,7 @@ def run_reindex(job: ReindexJob) -> PublishResult:
             "model_name": model_name,
             "model_hash": model_hash,
             "source": str(job.source.resolve()),
+            "image_root": "" if source.image_root is None else str(source.image_root.resolve()),
         }
         inherited = inherit_calibration(
             active_manifest(registry, job.modality), model_name, model_hash, version_metrics(job)
@@ -288,6 +289,7 @@ def build_version(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         dtype=job.dtype,
         source=info["source"],
+        image_root=info.get("image_root", ""),
         engine=job.engine,
     )
     manifest = manifest.with_files(checksum_dir(version_dir))

@@ -307,12 +307,12 @@ def _source_positions(chunk: Chunk) -> tuple[list[int], list[int]]:
 def _item_row(item: GalleryItem) -> dict[str, Any]:
     path = None if item.path is None else str(item.path)
     return {"id": item.id, "text": item.text, "path": path, "extra": item.extra,
-            "problem": item.problem}  # fmt: skip
+            "problem": item.problem, "uri": item.uri}  # fmt: skip
 
 
 def _item_from_row(row: dict[str, Any]) -> GalleryItem:
     path = None if row["path"] is None else Path(row["path"])
-    return GalleryItem(row["id"], row["text"], path, row["extra"], row["problem"])
+    return GalleryItem(row["id"], row["text"], path, row["extra"], row["problem"], row.get("uri"))
 
 
 def _root_cause(error: BaseException) -> str:

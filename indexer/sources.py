@@ -26,13 +26,17 @@ class SourceError(ValueError):
 
 @dataclass(frozen=True)
 class GalleryItem:
-    """One gallery item before embedding: a caption's text or an image's file path."""
+    """One gallery item before embedding: a caption's text or an image's file path.
+
+    `uri` is what the version records for an image: its path relative to the source's image
+    root (GallerySource.image_root), so no absolute server path reaches an answer."""
 
     id: str
     text: str | None = None
     path: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None  # set when the source record itself is malformed
+    uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,9 @@ class GallerySource:
     count: int | None
     fingerprint: str  # changes when the source files change (keys the resumable work dir)
     _items: Any = field(repr=False, compare=False)
+    # The folder an image item's `uri` is relative to (the manifest's image_root): the image
+    # folder, the dataset dir, or a COCO file's --image-root. None for text galleries.
+    image_root: Path | None = None
 
     def items(self) -> Iterator[GalleryItem]:
         """The items, in the same order on every call."""
@@ -93,6 +100,12 @@ def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:16]
 
 
+def relative_uri(path: Path, root: Path) -> str:
+    """`path` relative to `root` (lexically, POSIX separators): the uri a version records. A
+    file outside the root keeps its leading `..`, which the service refuses to serve."""
+    return Path(os.path.relpath(path, root)).as_posix()
+
+
 def _file_stamp(path: Path) -> tuple[str, int, int]:
     stat = path.stat()
     return str(path.resolve()), stat.st_size, stat.st_mtime_ns
@@ -108,7 +121,7 @@ def _dataset_source(path: Path, modality: str, split: str | None) -> GallerySour
         def items() -> Iterator[GalleryItem]:
             for im in images:
                 extra = {"split": im.split, "labels": list(im.labels)}
-                yield GalleryItem(im.id, path=im.path, extra=extra)
+                yield GalleryItem(im.id, path=im.path, extra=extra, uri=relative_uri(im.path, path))
 
     else:
         captions = dataset.captions
@@ -120,7 +133,8 @@ def _dataset_source(path: Path, modality: str, split: str | None) -> GallerySour
                 yield GalleryItem(c.id, text=c.text, extra=extra)
 
     fingerprint = _fingerprint("dataset", modality, split, *stamps)
-    return GallerySource("dataset", path, modality, count, fingerprint, items)
+    root = path if modality == "image" else None
+    return GallerySource("dataset", path, modality, count, fingerprint, items, root)
 
 
 def _image_folder_source(root: Path) -> GallerySource:
@@ -136,10 +150,11 @@ def _image_folder_source(root: Path) -> GallerySource:
 
     def items() -> Iterator[GalleryItem]:
         for p in files:
-            yield GalleryItem(p.relative_to(root).as_posix(), path=p)
+            name = p.relative_to(root).as_posix()
+            yield GalleryItem(name, path=p, uri=name)
 
     fingerprint = _fingerprint("folder", root.resolve(), listing.hexdigest())
-    return GallerySource("image_folder", root, "image", len(files), fingerprint, items)
+    return GallerySource("image_folder", root, "image", len(files), fingerprint, items, root)
 
 
 def _captions_jsonl_source(path: Path) -> GallerySource:
@@ -186,7 +201,12 @@ def _coco_source(path: Path, modality: str, split: str | None, image_root: Path)
 
         def items() -> Iterator[GalleryItem]:
             for im in images:
-                yield GalleryItem(im.id, path=im.path, extra={"split": im.split})
+                yield GalleryItem(
+                    im.id,
+                    path=im.path,
+                    extra={"split": im.split},
+                    uri=relative_uri(im.path, image_root),
+                )
 
         count = len(images)
     else:
@@ -200,4 +220,5 @@ def _coco_source(path: Path, modality: str, split: str | None, image_root: Path)
 
         count = len(captions)
     fingerprint = _fingerprint("coco", modality, split, os.fspath(image_root), *_file_stamp(path))
-    return GallerySource("coco_karpathy", path, modality, count, fingerprint, items)
+    root = image_root if modality == "image" else None
+    return GallerySource("coco_karpathy", path, modality, count, fingerprint, items, root)

@@ -39,19 +39,26 @@ def media_type_of(data: bytes) -> str | None:
     return next((media for magic, media in _SIGNATURES if data.startswith(magic)), None)
 
 
-def read_item_image(record: dict[str, Any], max_bytes: int, max_pixels: int) -> ItemImage:
+def read_item_image(
+    record: dict[str, Any], max_bytes: int, max_pixels: int, image_root: str | Path = ""
+) -> ItemImage:
     """The image of a gallery record ({"id", "uri", ...}) as a browser can show it.
 
-    A recorded relative path is relative to the working directory, as `probsearch reindex`
-    wrote it from there. Files of other formats (TIFF, ...) are converted to PNG.
+    A relative uri is relative to `image_root`, the manifest's `image_root` (the image folder,
+    dataset dir or COCO image root the version was built from); a version written before
+    manifests had one recorded paths relative to the reindex's working directory, which is
+    the root then. A relative uri must stay inside its root once `..` and every symlink are
+    resolved: one that leaves it is not served. An absolute uri (older versions) is read as
+    it is. Files of other formats (TIFF, ...) are converted to PNG.
     Raises ItemNotFoundError (404) when the record has no file, or the file is missing, not a
-    regular file, over `max_bytes`, or not an image; the server log says which file.
+    regular file, outside its root, over `max_bytes`, or not an image; the server log says which.
     """
     item_id = record.get("id")
     uri = record.get("uri")
-    if not isinstance(uri, str) or not uri or "://" in uri:
+    if not isinstance(uri, str) or not uri or "://" in uri or "\0" in uri:
         raise ItemNotFoundError(f"item {item_id!r} has no image file this service can serve")
-    data = _read_regular_file(Path(uri), max_bytes, item_id)
+    path = _resolve(uri, image_root, item_id)
+    data = _read_regular_file(path, max_bytes, item_id, None if Path(uri).is_absolute() else path)
     media_type = media_type_of(data)
     if media_type is not None:
         return ItemImage(data, media_type)
@@ -65,13 +72,37 @@ def read_item_image(record: dict[str, Any], max_bytes: int, max_pixels: int) -> 
     return ItemImage(buffer.getvalue(), "image/png")
 
 
-def _read_regular_file(path: Path, max_bytes: int, item_id: object) -> bytes:
-    """At most `max_bytes` of a regular file; a FIFO or device never blocks the reader."""
+def _resolve(uri: str, image_root: str | Path, item_id: object) -> Path:
+    """The file a uri names: an absolute one as it is; a relative one under its root with
+    every `..` and symlink resolved, refused (404) when that leaves the root."""
+    if Path(uri).is_absolute():
+        return Path(uri)
+    root = os.path.realpath(image_root or os.getcwd())
+    path = os.path.realpath(os.path.join(root, uri))
+    if os.path.commonpath([root, path]) != root:
+        log.warning("image uri %r of item %r leaves its root %s; not served", uri, item_id, root)
+        raise ItemNotFoundError(f"the image file of item {item_id!r} is outside the gallery")
+    return Path(path)
+
+
+def _read_regular_file(
+    path: Path, max_bytes: int, item_id: object, resolved: Path | None = None
+) -> bytes:
+    """At most `max_bytes` of a regular file; a FIFO or device never blocks the reader.
+
+    `resolved`: the symlink-free path the caller checked; the file is opened without following
+    a final symlink and, where /proc tells, must still be that path once open (a symlink
+    swapped in between the check and the open is refused)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if resolved is not None else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, flags)
     except OSError as error:
         log.warning("image file %s of item %r cannot be opened: %s", path, item_id, error)
         raise ItemNotFoundError(f"the image file of item {item_id!r} is missing") from None
+    if resolved is not None and not _opened_as(fd, resolved):
+        os.close(fd)
+        log.warning("image path %s of item %r changed while it was opened", path, item_id)
+        raise ItemNotFoundError(f"the image file of item {item_id!r} is outside the gallery")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         log.warning("image path %s of item %r is not a regular file", path, item_id)
@@ -84,3 +115,11 @@ def _read_regular_file(path: Path, max_bytes: int, item_id: object) -> bytes:
             f"{max_bytes} bytes (max_image_bytes)"
         )
     return data
+
+
+def _opened_as(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is `path` (True where /proc/self/fd cannot tell)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    except OSError:
+        return True

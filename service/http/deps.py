@@ -71,8 +71,14 @@ async def require_admin_key(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """/admin/*: always requires a valid API key; failed attempts are rate limited."""
-    limiter: FailedAuthLimiter = request.app.state.auth_limiter
     provided = header or (bearer.credentials if bearer is not None else None)
+    _authenticate_admin(request, settings, provided)
+
+
+def _authenticate_admin(request: Request, settings: Settings, provided: str | None) -> None:
+    """Check an admin key against the configured ones, through the failed-attempt limiter
+    (429 while locked out; a wrong key is charged to its client and to itself, then 401)."""
+    limiter: FailedAuthLimiter = request.app.state.auth_limiter
     client = request.client.host if request.client is not None else None
     identities = limiter.identities(client, provided)
     retry_after_s = limiter.retry_after_s(identities)
@@ -82,10 +88,25 @@ async def require_admin_key(
             retry_after_s,
         )
     try:
-        _check_key(settings, header, bearer)
+        _check_key(settings, provided, None)
     except AuthenticationError:
         limiter.failed(identities)
         raise
+
+
+async def admin_key_presented(request: Request, settings: SettingsDep) -> bool:
+    """Endpoints open to all that show more to an admin (GET /v1/indexes): False when the
+    request carries no key; True for a valid admin key; a wrong key is refused (401, 429)
+    and counted like one sent to /admin/*, so the endpoint is no way around the limiter.
+    Read from the headers directly, so the OpenAPI schema keeps the endpoint open."""
+    provided = request.headers.get("x-api-key")
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if not provided and scheme.lower() == "bearer":
+        provided = credentials.strip()
+    if not provided:
+        return False
+    _authenticate_admin(request, settings, provided)
+    return True
 
 
 async def require_search_key(
@@ -100,3 +121,4 @@ async def require_search_key(
 
 SearchAuth = Depends(require_search_key)
 AdminAuth = Depends(require_admin_key)
+AdminView = Annotated[bool, Depends(admin_key_presented)]

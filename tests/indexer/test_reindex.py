@@ -126,7 +126,9 @@ def test_image_folder_with_broken_files(tmp_path, small_shapes, random_model) ->
     assert {item["id"] for item in report["items"]} == {"zz_not_an_image.png", "zz_truncated.png"}
     version = open_version(path)
     assert version.manifest.count == len(images)
-    assert version.metadata([0])[0]["uri"] == str(images[0])
+    # the uri is relative to the folder, which the manifest names (issue 42.4)
+    assert version.metadata([0])[0]["uri"] == images[0].relative_to(folder).as_posix()
+    assert version.manifest.image_root == str(folder.resolve())
     assert ActiveRegistry(root, None).active_version("image") == path.name
 
 

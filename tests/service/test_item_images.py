@@ -1,9 +1,12 @@
 """GET /v1/items/{id}/image: an active image item's own file, and 404 for everything else
 (unknown ids, caption ids, paths, every traversal attempt), sent as raw request targets."""
 
+import dataclasses
 import http.client
 import io
 import os
+import shutil
+import sqlite3
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -11,10 +14,12 @@ import httpx
 import pytest
 from PIL import Image
 
+from indexer.manifest import checksum_dir, read_manifest, write_manifest
+from indexer.registry import ActiveRegistry
 from indexer.store import open_version
 from service.errors import ItemNotFoundError
 from service.item_images import media_type_of, read_item_image
-from tests.service.conftest import Artifacts, ServerThread
+from tests.service.conftest import ADMIN_KEY, Artifacts, ServerThread, make_settings
 
 
 def gallery_record(artifacts: Artifacts, modality: str, version: str, row: int = 0) -> dict:
@@ -47,13 +52,14 @@ def test_an_active_image_item_gets_its_recorded_file(
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "image/png"
     assert response.headers["x-content-type-options"] == "nosniff"
-    assert response.content == Path(record["uri"]).read_bytes()
+    assert not Path(record["uri"]).is_absolute()  # relative to the dataset dir (issue 42.4)
+    assert response.content == (artifacts.shapes / record["uri"]).read_bytes()
 
 
 def traversal_targets(artifacts: Artifacts) -> list[str]:
     record = gallery_record(artifacts, "image", artifacts.image_v1)
-    known, uri = record["id"], record["uri"]
-    relative = Path(uri).relative_to(artifacts.shapes).as_posix()  # images/shapes-000000.png
+    known, relative = record["id"], record["uri"]  # images/shapes-000000.png
+    uri = (artifacts.shapes / relative).as_posix()
     caption = gallery_record(artifacts, "text", artifacts.text_v1)["id"]
     return [
         "/v1/items/does-not-exist/image",
@@ -160,3 +166,76 @@ def test_files_that_cannot_be_served_are_not_found(tmp_path: Path) -> None:
         read_item_image({"id": "x", "uri": str(tmp_path)}, max_bytes=100, max_pixels=100)
     with pytest.raises(ItemNotFoundError, match="no image file"):
         read_item_image({"id": "x", "text": "a caption"}, max_bytes=100, max_pixels=100)
+
+
+# ----- relative uris and their root (issue 42.4, issue 41.7) ---------------------------------
+
+
+def test_a_relative_uri_is_read_under_its_root_and_never_outside_it(tmp_path: Path) -> None:
+    root, outside = tmp_path / "gallery", tmp_path / "private"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    data = image_bytes("PNG")
+    (root / "sub" / "a.png").write_bytes(data)
+    (outside / "secret.png").write_bytes(image_bytes("PNG", (3, 3)))
+    (root / "inside-link.png").symlink_to(root / "sub" / "a.png")
+    (root / "outside-link.png").symlink_to(outside / "secret.png")
+    (root / "outside-dir").symlink_to(outside, target_is_directory=True)
+
+    def read(uri: str) -> bytes:
+        record = {"id": "x", "uri": uri}
+        return read_item_image(record, max_bytes=10_000, max_pixels=10_000, image_root=root).data
+
+    assert read("sub/a.png") == data
+    assert read("sub/../sub/a.png") == data  # `..` that stays inside is fine
+    assert read("inside-link.png") == data  # a symlink to a file of the gallery too
+    for escape in ("../private/secret.png", "sub/../../private/secret.png",
+                   "outside-link.png", "outside-dir/secret.png"):  # fmt: skip
+        with pytest.raises(ItemNotFoundError, match="outside the gallery"):
+            read(escape)
+    # an old version's absolute uri stays absolute, whatever the root
+    assert read(str(root / "sub" / "a.png")) == data
+
+
+def test_results_and_the_index_list_show_no_absolute_server_path(
+    server: ServerThread, client: httpx.Client, artifacts: Artifacts
+) -> None:
+    hits = client.post("/search/text", json={"text": "a red circle", "k": 5}).json()["results"]
+    uris = [hit["metadata"]["uri"] for hit in hits]
+    assert uris and all(not Path(uri).is_absolute() for uri in uris), uris
+    assert all((artifacts.shapes / uri).is_file() for uri in uris)
+    indexes = client.get("/v1/indexes").json()["indexes"]
+    text = str(indexes)
+    assert str(artifacts.shapes) not in text and str(artifacts.index_root) not in text
+    for info in indexes:
+        assert "model_hash" not in info["manifest"] and "image_root" not in info["manifest"]
+        assert info["manifest"]["source"] == artifacts.shapes.name
+    admin = client.get("/v1/indexes", headers={"X-API-Key": ADMIN_KEY}).json()["indexes"]
+    by_modality = {info["modality"]: info["manifest"] for info in admin}
+    assert by_modality["image"]["source"] == str(artifacts.shapes.resolve())
+    assert by_modality["image"]["image_root"] == str(artifacts.shapes.resolve())
+    assert len(by_modality["text"]["model_hash"]) == 64
+    wrong = client.get("/v1/indexes", headers={"Authorization": "Bearer not-the-key-0123456"})
+    assert wrong.status_code == 401
+
+
+def test_an_old_version_with_absolute_uris_still_serves_its_images(
+    tmp_path: Path, artifacts: Artifacts
+) -> None:
+    """A version written before uris were relative: absolute uris, no image_root."""
+    root = tmp_path / "indexes"
+    shutil.copytree(artifacts.index_root / "image" / artifacts.image_v1,
+                    root / "image" / artifacts.image_v1)  # fmt: skip
+    version_dir = root / "image" / artifacts.image_v1
+    with sqlite3.connect(version_dir / "metadata.sqlite") as db:
+        db.execute("UPDATE items SET uri = ? || '/' || uri", (str(artifacts.shapes),))
+    manifest = read_manifest(version_dir)
+    old = dataclasses.replace(manifest, image_root="")
+    write_manifest(version_dir, old.with_files(checksum_dir(version_dir)))
+    ActiveRegistry(root, None).activate("image", artifacts.image_v1)
+    settings = make_settings(artifacts, index_root=root, galleries=["image"])
+    record = gallery_record(artifacts, "image", artifacts.image_v1, row=2)
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url) as http:
+        response = http.get(f"/v1/items/{quote(record['id'], safe='')}/image")
+        assert response.status_code == 200, response.text
+        assert response.content == (artifacts.shapes / record["uri"]).read_bytes()

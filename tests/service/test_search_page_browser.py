@@ -190,7 +190,7 @@ def test_an_uploaded_image_shows_captions(
 ) -> None:
     index = open_version(artifacts.index_root / "image" / artifacts.image_v1)
     try:
-        image_path = Path(index.metadata([0])[0]["uri"])
+        image_path = Path(index.manifest.image_root) / index.metadata([0])[0]["uri"]
     finally:
         index.close()
     page.find_element(By.ID, "image").send_keys(str(image_path))

@@ -1,6 +1,7 @@
 """Liveness, readiness, Prometheus metrics and the list of loaded indexes."""
 
 import dataclasses
+from pathlib import PurePath
 
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -8,8 +9,9 @@ from fastapi.responses import JSONResponse
 
 from indexer.active_record import ActiveRecord
 from indexer.calibration_inheritance import uncalibrated_metrics
-from service.http.deps import ServicesDep
+from service.http.deps import AdminView, ServicesDep
 from service.http.schemas import (
+    ADMIN_ERROR_RESPONSES,
     ERROR_RESPONSES,
     ActiveStores,
     IndexesResponse,
@@ -83,12 +85,28 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/indexes", response_model=IndexesResponse, responses=ERROR_RESPONSES)
-async def list_indexes(services: ServicesDep) -> IndexesResponse:
-    """The index version served for each gallery, with its manifest."""
+# Manifest fields that name the server's own files or the model's exact build: shown to a
+# request with an admin key only (`source` is cut to its last path component without one).
+PRIVATE_MANIFEST_FIELDS = ("model_hash", "image_root")
+
+
+@router.get(
+    "/v1/indexes",
+    response_model=IndexesResponse,
+    responses={**ERROR_RESPONSES, **ADMIN_ERROR_RESPONSES},
+)
+async def list_indexes(services: ServicesDep, admin: AdminView) -> IndexesResponse:
+    """The index version served for each gallery, with its manifest. Without an API key the
+    manifest's `source` is only its last path component, and `model_hash` and `image_root`
+    are left out; a valid admin key (X-API-Key or Authorization: Bearer) shows them, and a
+    wrong one is refused (401) and counted like one sent to /admin/*."""
     indexes = []
     for loaded in services.holder.loaded():
         manifest = loaded.index.manifest
+        shown = dataclasses.asdict(manifest)
+        if not admin:
+            shown = {k: v for k, v in shown.items() if k not in PRIVATE_MANIFEST_FIELDS}
+            shown["source"] = PurePath(manifest.source).name
         indexes.append(
             IndexInfo(
                 modality=loaded.modality,
@@ -98,7 +116,7 @@ async def list_indexes(services: ServicesDep) -> IndexesResponse:
                 metrics=list(manifest.metrics),
                 uncalibrated_metrics=uncalibrated_metrics(manifest),
                 calibration_warning=calibration_warning(loaded) or None,
-                manifest=dataclasses.asdict(manifest),
+                manifest=shown,
             )
         )
     return IndexesResponse(indexes=indexes, model=services.model_name)

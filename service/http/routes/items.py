@@ -28,13 +28,14 @@ async def item_image(item_id: str, services: ServicesDep) -> Response:
     with services.holder.acquire("image") as loaded:
         record = await asyncio.to_thread(loaded.index.record, item_id)
         version = loaded.version
+        image_root = loaded.index.manifest.image_root
     if record is None:
         raise ItemNotFoundError(
             f"no item of the active image index {version} has id {item_id[:200]!r}"
         )
     settings = services.settings
     image = await asyncio.to_thread(
-        read_item_image, record, settings.max_image_bytes, settings.max_image_pixels
+        read_item_image, record, settings.max_image_bytes, settings.max_image_pixels, image_root
     )
     headers = {"Cache-Control": "private, max-age=300", "X-Content-Type-Options": "nosniff"}
     return Response(image.data, media_type=image.media_type, headers=headers)
