@@ -1,19 +1,36 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs probsearch with the CPU extra, the dev tools, Ray
-# (tests/indexer/test_ray_engine.py runs `reindex --engine ray` on a local Ray) and Milvus Lite
-# (the Milvus shortlist backend's tests run against a local Milvus Lite file), plus
-# the Debian packages the tests need when the machine lacks them: redis-server (the tests start
-# Redis servers of their own), chromium with chromium-driver (the search page's browser test),
-# and openclipart-svg with librsvg2-bin (`probsearch data clipart`: the drawings and their renderer).
+# Creates .venv (if missing) and installs what one purpose needs:
+#   bootstrap.sh demo   probsearch with the CPU extra, and Debian's openclipart-svg with
+#                       librsvg2-bin (the demo's drawings and their renderer);
+#   bootstrap.sh        (all) that, plus the dev tools, Ray (tests/indexer/test_ray_engine.py runs
+#                       `reindex --engine ray` on a local Ray), Milvus Lite (the Milvus backend's
+#                       tests), redis-server (the tests start Redis servers of their own) and
+#                       chromium with chromium-driver (the browser tests).
+# pip runs only when pyproject.toml changed since the last install for that purpose (the
+# package is installed editable, so code changes need none): a second run installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+mode=${1:-all}
+case "$mode" in
+    demo) extras='.[cpu]' ;;
+    all) extras='.[cpu,dev,ray,milvus-lite]' ;;
+    *) echo "usage: bootstrap.sh [demo|all]" >&2; exit 2 ;;
+esac
 
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[cpu,dev,ray,milvus-lite]'
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+installed() { [ "$(cat ".venv/.installed-$1" 2>/dev/null)" = "$wanted" ]; }
+if installed "$mode" || { [ "$mode" = demo ] && installed all; }; then
+    echo "python packages up to date for $mode (pyproject.toml unchanged)" >&2
+else
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e "$extras"
+    echo "$wanted" > ".venv/.installed-$mode"
+fi
 
 apt_updated=""
 apt_install() {
@@ -30,11 +47,11 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "$@" >/dev/null
 }
 
-if ! command -v redis-server >/dev/null 2>&1; then
+if [ "$mode" = all ] && ! command -v redis-server >/dev/null 2>&1; then
     echo "redis-server not found: installing Debian's redis-server package" >&2
     apt_install redis-server
 fi
-if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+if [ "$mode" = all ] && { ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; }; then
     echo "chromium or chromedriver not found: installing Debian's chromium and chromium-driver" >&2
     apt_install chromium chromium-driver
 fi
