@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image, UnidentifiedImageError
 
+from models.networks.image_integrity import TruncatedImageError, check_pixel_data
 from models.networks.preprocess import ImageTooLargeError, InvalidImageError
 
 # Default pixel limit: an image side of up to PIXEL_LIMIT_SIDE_FACTOR x the model's input side,
@@ -65,6 +66,7 @@ def decode_bounded(data: bytes, image_size: int, max_pixels: int) -> Image.Image
             with Image.open(io.BytesIO(data)) as image:
                 image.draft("RGB", (keep, keep))  # JPEG: decode at 1/2..1/8 scale; others: no-op
                 _check_pixels(image, max_pixels)
+                check_pixel_data(data)  # a PNG of fewer rows than its header says
                 image.load()
                 return _shrink(image, keep).convert("RGB")
     except Image.DecompressionBombError as error:
@@ -73,6 +75,8 @@ def decode_bounded(data: bytes, image_size: int, max_pixels: int) -> Image.Image
         raise InvalidImageError("not a recognised image format") from error
     except InvalidImageError:
         raise
+    except TruncatedImageError as error:
+        raise InvalidImageError(str(error)) from error
     except (OSError, SyntaxError, ValueError, MemoryError) as error:
         message = f"image could not be decoded (truncated or corrupt): {error}"
         raise InvalidImageError(message) from error

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from models.networks.image_integrity import TruncatedImageError, check_pixel_data
 from models.networks.model_config import ModelConfig
 from models.networks.tokenizer import Tokenizer
 
@@ -54,11 +55,14 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.
                     f"image is {width}x{height} = {width * height} pixels; "
                     f"the limit is {max_pixels}"
                 )
+            check_pixel_data(data)  # a PNG of fewer rows than its header says
             image.load()
     except Image.DecompressionBombError as e:
         raise ImageTooLargeError(f"image exceeds the pixel limit: {e}") from e
     except UnidentifiedImageError as e:
         raise InvalidImageError("not a recognised image format") from e
+    except TruncatedImageError as e:
+        raise InvalidImageError(str(e)) from e
     except (OSError, SyntaxError, ValueError) as e:
         if isinstance(e, InvalidImageError):
             raise

@@ -28,6 +28,25 @@ def png_claiming(width: int, height: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))  # fmt: skip
 
 
+def png_of_rows(width: int, height: int, rows: int) -> bytes:
+    """A hand-made 8-bit RGB PNG whose header says width x height and whose IDAT holds a
+    complete zlib stream of only `rows` rows (issue 41.7: Pillow decoded it without an error)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    pixels = (b"\x00" + b"\xc8" * (3 * width)) * rows  # filter byte 0, then a grey row
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(pixels)) + chunk(b"IEND", b""))  # fmt: skip
+
+
+ONE_ROW_OF_2000 = (
+    "image is truncated: its header says 2000x2000, but its pixel data holds only 1 of"
+)
+
+
 def truncated_jpeg() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (128, 128), "orange").save(buffer, "JPEG")
@@ -52,7 +71,8 @@ BAD_REQUESTS = {
     "empty text": (text(text=""), 422, "text: String should have at least 1 character"),
     "blank text": (text(text="   "), 422, "text is empty"),
     "100k-character text": (text(text="a" * 100_000), 422, "the limit is 500"),
-    "unknown metric": (text(text="a", metric="cosine"), 422, "metric: Input should be 'w2'"),
+    "unknown metric": (text(text="a", metric="cosine"), 422,
+                       "unknown metric 'cosine'; served: w2, kl, kl_reverse, min_kl"),
     "k=0": (text(text="a", k=0), 422, "k: Input should be greater than or equal to 1"),
     "k=10^6": (text(text="a", k=10**6), 422, "k=1000000 is above the limit 1000"),
     "shortlist below k": (text(text="a", k=20, shortlist=5), 422, "it must be >= k"),
@@ -83,6 +103,9 @@ BAD_REQUESTS = {
     "PDF labelled PNG": (upload(PDF), 415, "not in an image format"),
     "PDF as base64": (b64(PDF), 415, "not in an image format"),
     "truncated JPEG": (upload(truncated_jpeg(), "image/jpeg"), 422, "truncated or corrupt"),
+    "PNG of one row under a 2000x2000 header": (upload(png_of_rows(2000, 2000, 1)), 422,
+                                                ONE_ROW_OF_2000),
+    "one-row PNG as base64": (b64(png_of_rows(2000, 2000, 1)), 422, ONE_ROW_OF_2000),
     "20000x20000 PNG bomb": (upload(png_claiming(20000, 20000)), 413, "at most 4194304 pixels"),
     "PNG bomb as base64": (b64(png_claiming(7000, 7000)), 413, "7000x7000"),
     "image over the byte limit": (upload(b"\x89PNG" + b"0" * 250_000), 413, "larger than 200000"),
@@ -138,6 +161,12 @@ def test_bad_request_gets_its_status_and_message(client: httpx.Client, name: str
     documented = client.get("/openapi.json").json()["paths"]
     path = response.request.url.path
     assert str(status) in documented[path]["post"]["responses"]
+
+
+def test_a_complete_hand_made_png_is_still_searched(client: httpx.Client) -> None:
+    response = upload(png_of_rows(300, 200, 200), k="3")(client)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["results"]) == 3
 
 
 def test_json_routes_have_their_own_body_limit(artifacts: Artifacts) -> None:
