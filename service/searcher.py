@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from indexer.calibration_inheritance import uncalibrated_metrics
 from indexer.store import UnsupportedMetricError
 from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import METRICS
@@ -71,13 +72,15 @@ class SearchParams:
 @dataclass(frozen=True)
 class QueryInput:
     """What a search request asks, as parsed: exactly one of text, the image file's bytes or
-    (mu, logvar) is set. `identity` is the query as sent (its text, the image's sha256, or the
-    embedding's values as they came), what its MC draws are seeded from. The query (Query) is
-    made from it on a cache miss only, so that a hit skips decoding an image."""
+    (mu, logvar) is set. `options` are its search options as sent (SearchOptions.options),
+    checked and completed by Searcher.params once the version is pinned. `identity` is the
+    query as sent (its text, the image's sha256, or the embedding's values as they came), what
+    its MC draws are seeded from. The query (Query) is made from it on a cache miss only, so
+    that a hit skips decoding an image."""
 
     kind: QueryKind
     gallery: str
-    params: SearchParams
+    options: dict[str, Any]
     identity: dict[str, Any]
     text: str | None = None
     image_bytes: bytes | None = None
@@ -87,15 +90,16 @@ class QueryInput:
 
     def query(
         self,
+        params: SearchParams,
         seed: int,
         loaded: LoadedIndex,
         image: Image.Image | None = None,
         decode_ms: float = 0.0,
     ) -> "Query":
-        """The query to search in the pinned version `loaded`, with its seed (and its image,
-        decoded)."""
+        """The query to search in the pinned version `loaded`, with its checked options, its
+        seed (and its image, decoded)."""
         return Query(
-            self.kind, self.gallery, self.params, seed, text=self.text, image=image,
+            self.kind, self.gallery, params, seed, text=self.text, image=image,
             mu=self.mu, logvar=self.logvar, features=self.features, decode_ms=decode_ms,
             loaded=loaded,
         )  # fmt: skip
@@ -184,6 +188,7 @@ class Searcher:
     def params(
         self,
         gallery: str,
+        loaded: LoadedIndex | None = None,
         *,
         k: int = 10,
         metric: str | None = None,
@@ -193,10 +198,12 @@ class Searcher:
         reject_threshold: float | None = None,
         return_embedding: bool = False,
     ) -> SearchParams:
-        """A request's options checked against the configured limits, with the defaults filled
-        in (None: the default): the metric `gallery` is ranked with, a shortlist of
-        max(10 * k, 100) within max_shortlist, the configured draw count. Whether the active
-        version serves the metric is known at search time only (_plan)."""
+        """A request's options checked against the configured limits and the version it was
+        pinned to, with the defaults filled in (None: the default): the metric `gallery` is
+        ranked with, a shortlist of max(10 * k, 100) within max_shortlist, the configured draw
+        count. The metric, named or default, must be one of available_metrics(loaded), the
+        list GET /v1/config gives. `loaded` None skips that check, for callers below the HTTP
+        edge that build their own queries (tests, benchmarks)."""
         limits = self.settings
         if k > limits.max_k:
             raise InvalidQueryError(f"k={k} is above the limit {limits.max_k}; ask for fewer")
@@ -211,15 +218,43 @@ class Searcher:
             raise InvalidQueryError(
                 f"mc_samples={draws} is above the limit {limits.max_mc_samples}"
             )
+        chosen = metric or self.default_metric(gallery)
+        if loaded is not None:
+            self._check_metric(loaded, chosen, named=bool(metric))
         return SearchParams(
             k=k,
-            metric=metric or self.default_metric(gallery),
+            metric=chosen,
             shortlist=shortlist or max(k, min(default_shortlist(k), limits.max_shortlist)),
             mc_samples=draws,
             temperature=temperature,
             reject_threshold=reject_threshold,
             return_embedding=return_embedding,
         )
+
+    def _check_metric(self, loaded: LoadedIndex, metric: str, named: bool) -> None:
+        """InvalidQueryError, saying why and listing available_metrics(loaded), unless the
+        version serves `metric`."""
+        accepted = self.available_metrics(loaded)
+        if metric in accepted:
+            return
+        shown = metric if len(metric) <= 40 else metric[:40] + "..."
+        what = f"metric {shown!r}" if named else f"the default metric {shown!r} (none was named)"
+        where = f"the active {loaded.modality} version {loaded.version}"
+        if metric in self._indexed_metrics(loaded):
+            reason = (
+                f"{what} is not calibrated in {where} (it has no rejection threshold, while "
+                f"other metrics do): run `probsearch calibrate --gallery {loaded.modality} "
+                f"--metrics {metric} --data ...` to serve it"
+            )
+        elif metric in METRICS or metric == MAX_PAIR:
+            reason = f"{what} is not indexed by {where}"
+            if metric == MAX_PAIR:
+                reason += " (only a version built from a pvse model has its K-vector index)"
+            else:
+                reason += f" (reindex with --metrics including {metric} to serve it)"
+        else:
+            reason = f"unknown metric {shown!r}"
+        raise InvalidQueryError(f"{reason}; served: {', '.join(accepted)}")
 
     def check_text(self, text: str) -> None:
         """A caption query must have a word and fit max_text_chars."""
@@ -360,11 +395,11 @@ class Searcher:
         mu_q, logvar_q = _stacked(plans)  # (Q, D) each
         try:
             rows = loaded.index.shortlist(shortlist_metric, mu_q, logvar_q, size)  # (Q, C)
-        except UnsupportedMetricError:
+        except UnsupportedMetricError:  # a query built below the edge (params checks requests)
             error = InvalidQueryError(
                 f"metric {plans[0].metric!r} is not available in the {plans[0].query.gallery} "
                 f"index {loaded.version} (its shortlist needs the {shortlist_metric!r} index); "
-                f"choose one of: {', '.join(loaded.index.manifest.metrics)}"
+                f"served: {', '.join(self.available_metrics(loaded))}"
             )
             for plan in plans:
                 results[plan.position] = error
@@ -390,8 +425,32 @@ class Searcher:
         return metric if metric in INDEX_FAMILIES else self.settings.candidate_metric
 
     def available_metrics(self, loaded: LoadedIndex) -> list[str]:
-        """The metrics a query may name against this loaded version."""
-        return [m for m in METRICS if loaded.index.supports(self.shortlist_metric(m))]
+        """The metrics a query may name against this loaded version: the one list that
+        GET /v1/config, the page, the served OpenAPI schema and every refusal give.
+
+        Those the version is indexed for (_indexed_metrics), less those without a rejection
+        threshold when the version has calibrated any: an uncalibrated metric's answers would
+        never be rejected while the others' are. A version with no calibration at all (a
+        gallery reindexed from nothing, not yet calibrated) serves all its indexed metrics, and
+        /readyz says that rejection is off. max_pair is not among the metrics calibrate takes,
+        so it never counts as uncalibrated."""
+        indexed = self._indexed_metrics(loaded)
+        manifest = loaded.index.manifest
+        uncalibrated = set(uncalibrated_metrics(manifest))
+        if not set(manifest.metrics) - uncalibrated:  # nothing calibrated
+            return indexed
+        return [m for m in indexed if m not in uncalibrated]
+
+    def _indexed_metrics(self, loaded: LoadedIndex) -> list[str]:
+        """The metrics the version was built to serve (its manifest's `metrics`, which a
+        reindex's --metrics decides) that it can shortlist, in METRICS order; then max_pair
+        for a pvse version (its K-vector index)."""
+        index = loaded.index
+        listed = set(index.manifest.metrics)
+        indexed = [m for m in METRICS if m in listed and index.supports(self.shortlist_metric(m))]
+        if getattr(index, "multivector", None) is not None:
+            indexed.append(MAX_PAIR)
+        return indexed
 
     def _plan(self, loaded: LoadedIndex, position: int, query: Query, enc: Encoded) -> _Plan:
         """How the loaded version serves a query: the checks that need the version."""

@@ -3,7 +3,6 @@ metrics it serves, and per gallery the active version and the range of item log-
 
 from pydantic import BaseModel, Field
 
-from models.distance.gaussian import METRICS
 from service.gallery_stats import GalleryStats
 from service.http.schemas import SearchOptions
 from service.searcher import GALLERY_OF_KIND
@@ -15,7 +14,10 @@ class GallerySummary(BaseModel):
 
     version: str
     count: int
-    metrics: list[str] = Field(description="Metrics this version can shortlist.")
+    metrics: list[str] = Field(
+        description="Metrics a search of this gallery accepts: those the version is indexed "
+        "for and, once it has any calibration, has calibrated (max_pair on a pvse version)."
+    )
     log_det_low: float = Field(description="Smallest item log-det (the most certain item).")
     log_det_high: float = Field(description="Largest item log-det (the least certain item).")
     log_det_rows: int = Field(description="Rows the range was read from (all, up to 100k).")
@@ -32,7 +34,11 @@ class ServiceConfig(BaseModel):
         description="Metric each gallery is ranked with when a query names none: image "
         "(caption queries), text (image queries)."
     )
-    metrics: list[str] = Field(description="Metrics every loaded gallery serves.")
+    metrics: list[str] = Field(
+        description="Metrics a search request may name: those every loaded gallery accepts "
+        "(galleries.*.metrics). The page offers these; any other is refused with a 422 that "
+        "lists them."
+    )
     mc_samples: int
     max_text_chars: int
     max_image_bytes: int
@@ -52,14 +58,17 @@ def service_config(services: Services, stats: GalleryStats) -> ServiceConfig:
             galleries[modality] = GallerySummary(
                 version=loaded.version,
                 count=manifest.count,
-                metrics=[m for m in METRICS if m in manifest.metrics],
+                metrics=services.searcher.available_metrics(loaded),
                 log_det_low=span.low,
                 log_det_high=span.high,
                 log_det_rows=span.rows,
             )
     defaults = services.searcher.default_metrics
-    served = [m for m in METRICS if all(m in g.metrics for g in galleries.values())]
-    served[:0] = [m for m in dict.fromkeys(defaults.values()) if m not in served]
+    summaries = list(galleries.values())
+    served = [
+        m for m in (summaries[0].metrics if summaries else [])
+        if all(m in g.metrics for g in summaries)
+    ]  # fmt: skip
     return ServiceConfig(
         model=services.model_name,
         default_k=SearchOptions.model_fields["k"].default,

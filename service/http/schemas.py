@@ -12,9 +12,6 @@ from pydantic import (
     model_validator,
 )
 
-from models.distance.gaussian import METRICS
-
-Metric = Literal[(*METRICS, "max_pair")]  # type: ignore[valid-type]  # max_pair: pvse
 Gallery = Literal["image", "text"]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -67,8 +64,13 @@ class SearchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     k: JsonInt = Field(10, ge=1, description="Number of results (at most the max_k setting).")
-    metric: Metric | None = Field(
-        None, description="Distance to rank with; default: the model's training metric."
+    # Any string here: which metrics a request may name depends on the loaded versions, and
+    # Searcher.params refuses the others with that list (the served schema's enum gives it).
+    metric: str | None = Field(
+        None,
+        description="Distance to rank with: one of GET /v1/config's `metrics` (those the "
+        "loaded versions serve; any other is a 422 that lists them); default: the gallery's "
+        "metric (/v1/config `default_metrics`).",
     )
     shortlist: PositiveInt | None = Field(
         None, description="Candidates re-ranked exactly; default max(10*k, 100); must be >= k."

@@ -17,7 +17,7 @@ from service.cache import cache_key
 from service.errors import UnsupportedMediaTypeError
 from service.index_holder import LoadedIndex
 from service.outcome import SearchResponse, response_json
-from service.searcher import GALLERY_OF_KIND, Query, QueryInput
+from service.searcher import GALLERY_OF_KIND, Query, QueryInput, SearchParams
 from service.services import Services
 
 
@@ -36,16 +36,19 @@ def _digest(value: Any) -> str:
 
 
 async def answer(services: Services, ask: QueryInput, start: float) -> Answer:
-    """Cache lookup, micro-batched search, response body, cache store (written behind)."""
+    """Pin the version, check the options against it (Searcher.params: limits, defaults and
+    the metrics that version serves, once), then cache lookup, micro-batched search, response
+    body, cache store (written behind)."""
     with _in_flight(services), services.holder.acquire(ask.gallery) as loaded:
+        params = services.searcher.params(ask.gallery, loaded, **ask.options)
         # The MC draws depend on the query itself only (so k, the metric or a threshold
         # override never change them); the cache key covers the whole canonical request.
-        query_part = {"kind": ask.kind, "model": services.model_name, "mc": ask.params.mc_samples}
+        query_part = {"kind": ask.kind, "model": services.model_name, "mc": params.mc_samples}
         query_part.update(ask.identity)
         seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
-        request_hash = _digest({**query_part, "gallery": ask.gallery, "params": vars(ask.params)})
+        request_hash = _digest({**query_part, "gallery": ask.gallery, "params": vars(params)})
         key = cache_key(services.holder.namespace, loaded.version, request_hash)
-        found = await _cached_or_searched(services, ask, loaded, key, seed)
+        found = await _cached_or_searched(services, ask, params, loaded, key, seed)
     if isinstance(found, bytes):
         return Answer(found, cache_hit=True)
     found.timings_ms.total = 1000 * (time.perf_counter() - start)
@@ -57,7 +60,12 @@ async def answer(services: Services, ask: QueryInput, start: float) -> Answer:
 
 
 async def _cached_or_searched(
-    services: Services, ask: QueryInput, loaded: LoadedIndex, key: str, seed: int
+    services: Services,
+    ask: QueryInput,
+    params: SearchParams,
+    loaded: LoadedIndex,
+    key: str,
+    seed: int,
 ) -> bytes | SearchResponse:
     """The body cached under `key` when the lookup pays (_lookup_pays) and finds one, else
     the answer of the query made with `seed` from the version `loaded`."""
@@ -69,23 +77,25 @@ async def _cached_or_searched(
     else:
         services.metrics.cache_skips.inc()
         alone = True
-    query = await _query(services, ask, loaded, seed)
+    query = await _query(services, ask, params, loaded, seed)
     if alone is None or query.decode_ms > 0:  # others may have arrived meanwhile
         alone = await _alone(services)
     batcher = services.image_batcher if ask.kind == "image" else services.batcher
     return await batcher.submit(query, alone=alone)
 
 
-async def _query(services: Services, ask: QueryInput, loaded: LoadedIndex, seed: int) -> Query:
+async def _query(
+    services: Services, ask: QueryInput, params: SearchParams, loaded: LoadedIndex, seed: int
+) -> Query:
     """The query of `ask`; an image is decoded in the decoder's pool first, and its decode time
     observed and counted in the query's encode timing."""
     if ask.image_bytes is None:
-        return ask.query(seed, loaded)
+        return ask.query(params, seed, loaded)
     start = time.perf_counter()
     image = await _decode(services, ask.image_bytes)
     decode_ms = 1000 * (time.perf_counter() - start)
     services.metrics.observe_stage("decode", decode_ms)
-    return ask.query(seed, loaded, image, decode_ms)
+    return ask.query(params, seed, loaded, image, decode_ms)
 
 
 async def _decode(services: Services, data: bytes) -> Image.Image:

@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from indexer.store import open_version
 
@@ -209,6 +209,27 @@ def test_an_uploaded_image_shows_captions(
     assert preview.is_displayed() and image_path.name in preview.get_attribute("alt")
     assert len(page.find_elements(By.CSS_SELECTOR, "#grid .uncertainty")) == 10
     save(page, screenshots, "search-page-image.png")
+
+
+def test_the_metric_menu_offers_exactly_the_metrics_the_api_accepts(
+    page: WebDriver, client: httpx.Client
+) -> None:
+    """Issue 42.3: the page's menu is /v1/config's list (after "default"), which is what the
+    API accepts. This server's versions are indexed for w2, kl, kl_reverse and min_kl but
+    calibrated for w2 only, so w2 is the whole list and kl is refused, saying why."""
+    config = client.get("/v1/config").json()
+    assert config["metrics"] == ["w2"]
+    options = page.find_elements(By.CSS_SELECTOR, "#metric option")
+    assert options[0].get_attribute("value") == ""  # each gallery's default
+    assert [o.get_attribute("value") for o in options[1:]] == config["metrics"]
+    for option in options[1:]:
+        Select(page.find_element(By.ID, "metric")).select_by_value(option.get_attribute("value"))
+        search_caption(page, CAPTION)
+        assert page.find_element(By.ID, "error").get_attribute("hidden") is not None
+    refused = client.post("/search/text", json={"text": CAPTION, "metric": "kl"})
+    assert refused.status_code == 422
+    assert "not calibrated" in refused.json()["detail"]
+    assert refused.json()["detail"].endswith("; served: w2")
 
 
 def test_a_rejected_query_shows_the_banner_above_its_results(

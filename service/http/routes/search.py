@@ -56,10 +56,9 @@ async def search_text(request: Request, services: ServicesDep) -> Response:
     """Search the image gallery with a caption."""
     start = time.perf_counter()
     body = await read_json_request(request, TextSearchRequest)
-    searcher, gallery = services.searcher, GALLERY_OF_KIND["text"]
-    searcher.check_text(body.text)
-    params = searcher.params(gallery, **body.options())
-    ask = QueryInput("text", gallery, params, {"text": body.text}, text=body.text)
+    gallery = GALLERY_OF_KIND["text"]
+    services.searcher.check_text(body.text)
+    ask = QueryInput("text", gallery, body.options(), {"text": body.text}, text=body.text)
     return _respond(await answer(services, ask, start))
 
 
@@ -69,9 +68,8 @@ async def search_image(request: Request, services: ServicesDep) -> Response:
     start = time.perf_counter()
     data, options = await read_image_request(request, services.settings.max_image_bytes)
     gallery = GALLERY_OF_KIND["image"]
-    params = services.searcher.params(gallery, **options.options())
     identity = {"image_sha256": hashlib.sha256(data).hexdigest()}
-    ask = QueryInput("image", gallery, params, identity, image_bytes=data)
+    ask = QueryInput("image", gallery, options.options(), identity, image_bytes=data)
     return _respond(await answer(services, ask, start))
 
 
@@ -85,15 +83,15 @@ async def search_embedding(request: Request, services: ServicesDep) -> Response:
     with a backbone vector (features) that the model's heads embed."""
     start = time.perf_counter()
     body = await read_json_request(request, EmbeddingSearchRequest)
-    params = services.searcher.params(body.gallery, **body.options())
+    options = body.options()
     if body.features is not None:
         features = _vector(body.features, services.settings.max_embedding_dim)
         identity = {"features": body.features}
-        ask = QueryInput("vector", body.gallery, params, identity, features=features)
+        ask = QueryInput("vector", body.gallery, options, identity, features=features)
     else:
         mu, logvar = _embedding(body, services.settings.max_embedding_dim)
         identity = {"mu": body.mu, "logvar": body.logvar}
-        ask = QueryInput("embedding", body.gallery, params, identity, mu=mu, logvar=logvar)
+        ask = QueryInput("embedding", body.gallery, options, identity, mu=mu, logvar=logvar)
     return _respond(await answer(services, ask, start))
 
 
