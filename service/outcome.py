@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, TypeAdapter
 
 from indexer.manifest import Calibration
+from models.scoring.gallery_range import OUT_OF_RANGE_SCORE, RANGE_LIMIT
 from models.scoring.known_words import UNKNOWN_WORDS_LIMIT, UNKNOWN_WORDS_SCORE, WordCheck
 from models.scoring.query_scores import QueryScores, unfamiliar
 from models.scoring.rerank import RankedBatch
@@ -63,7 +64,8 @@ class RejectScore:
         str,
         _about("One of log_det, entropy, feature_uncertainty, mutual_information, "
                "posterior_entropy, top_mahalanobis, novelty, unknown_words (the share of "
-               "the caption's content words the model never met in training)."),
+               "the caption's content words the model never met in training), out_of_range "
+               "(how far the query lies from the gallery, in gallery radii)."),
     ]  # fmt: skip
     value: Annotated[float | None, _about("The query's value; null if not computed "
                                           "(a draw-based score with mc_samples 0).")]  # fmt: skip
@@ -137,6 +139,14 @@ class QueryInfo:
                "captions (its encoders cannot place them). A caption with more unknown than "
                "known content words is rejected by the unknown_words score."),
     ] = field(default_factory=list)  # fmt: skip
+    out_of_range: Annotated[
+        float | None,
+        _about("Distance of the query's mean from the centre of the gallery's means, in "
+               "gallery radii (at most 1 for an item of the gallery). Above "
+               f"{RANGE_LIMIT:g} every item is within 10% of the same distance, the ranking "
+               "means nothing and the other scores look falsely certain: the query is "
+               "rejected by this score. Null for pvse (max_pair) queries."),
+    ] = None  # fmt: skip
 
 
 @dataclass
@@ -192,14 +202,15 @@ def query_info(
     """The query at position j of `scores`, judged by `rule`; `embedding`: its (mu, logvar)
     when the request asked for them; `words`: a caption's unknown words."""
     values = {name: _value(scores.get(name), j) for name in _SCORE_FIELDS}
-    reject = rule.reject_score(values, words)
+    far = _value(scores.out_of_range, j)
+    reject = rule.reject_score(values, words, far)
     mu, logvar = (None, None) if embedding is None else (a.tolist() for a in embedding)
     return QueryInfo(
         modality=kind, **values, reject_score=reject, rejected=reject.rejected,
         reject_threshold=reject.threshold, temperature=rule.temperature, mc_samples=mc_samples,
         shortlist_size=shortlist_size, mu=mu, logvar=logvar,
         uninformative=uninformative(values, mc_samples, shortlist_size),
-        unknown_words=list(words.unknown) if words is not None else [],
+        unknown_words=list(words.unknown) if words is not None else [], out_of_range=far,
     )  # fmt: skip
 
 
@@ -257,14 +268,21 @@ class ScoreSettings:
         )
 
     def reject_score(
-        self, values: dict[str, float | None], words: WordCheck | None = None
+        self,
+        values: dict[str, float | None],
+        words: WordCheck | None = None,
+        out_of_range: float | None = None,
     ) -> RejectScore:
         """The score that decides, from the query's score values by name: the share of
-        unknown words of a caption that is mostly unknown words, else the familiarity gate's
-        score when it is above the gate (an image unlike the training images), else the
-        calibrated score."""
+        unknown words of a caption that is mostly unknown words, else out_of_range when the
+        query lies beyond RANGE_LIMIT outside the gallery (whatever the request's threshold:
+        like unknown words, no calibration makes such a query answerable), else the
+        familiarity gate's score when it is above the gate (an image unlike the training
+        images), else the calibrated score."""
         if words is not None and words.mostly_unknown:
             return RejectScore(UNKNOWN_WORDS_SCORE, words.unknown_fraction, UNKNOWN_WORDS_LIMIT)
+        if out_of_range is not None and out_of_range > RANGE_LIMIT:
+            return RejectScore(OUT_OF_RANGE_SCORE, out_of_range, RANGE_LIMIT)
         familiarity = values.get(self.gate_score)
         if familiarity is not None and unfamiliar(familiarity, self.gate_limit):
             return RejectScore(self.gate_score, familiarity, self.gate_limit)

@@ -33,6 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from models.distance.gaussian import elementwise_distance
+from models.scoring.gallery_range import out_of_range
 from models.scoring.rerank import RankedBatch, draw_distances, rerank_batch
 from models.scoring.uncertainty import (
     entropy,
@@ -79,6 +80,9 @@ class QueryScores:
     posterior: np.ndarray
     top_mahalanobis: np.ndarray | None = None
     novelty: np.ndarray | None = None
+    # how far the query's mean lies outside the gallery's range (models.scoring.gallery_range);
+    # not a calibrated score (not in SCORE_NAMES): above RANGE_LIMIT it rejects on its own
+    out_of_range: np.ndarray | None = None
 
     def get(self, name: str) -> np.ndarray | None:
         """The (Q,) values of one score by name (SCORE_NAMES)."""
@@ -164,6 +168,7 @@ def score_shortlists(
     )
     rerank_ms, start = 1000 * (time.perf_counter() - start), time.perf_counter()
     groups, scores = [], {float(t): [] for t in temperatures}
+    far = out_of_range(queries.mu, gallery[0])  # (Q,)
     by_count: dict[int, list[int]] = {}
     for q, count in enumerate(ranked.counts.tolist()):
         by_count.setdefault(count, []).append(q)
@@ -175,6 +180,7 @@ def score_shortlists(
             )
             groups.append(members)
             for temperature, scored in zip(scores, block, strict=True):
+                scored.out_of_range = far[members]
                 scores[temperature].append(scored)
     timings = {"rerank": rerank_ms, "uncertainty": 1000 * (time.perf_counter() - start)}
     return ScoredShortlists(ranked, groups, scores, timings)
