@@ -25,6 +25,8 @@ const EXPLAIN = {
     "with small random changes (MC dropout).",
   unknown_words: "Most words of this query are words the model never met in training, so it " +
     "cannot tell what the query asks for.",
+  out_of_range: "This query lies so far from every item of the gallery that they are all about " +
+    "equally far from it: no result is closer to it than any other.",
 };
 
 const state = { config: null, lastQuery: null };
