@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from indexer.calibration import CalibrationJob, Target, run_calibration
-from indexer.publish import ReindexJob, run_reindex
 from indexer.calibration_inheritance import active_manifest
+from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
 from models.datasets.clipart import DATASET_NAME as CLIPART_NAME
 from models.datasets.clipart import LIBRARY, write_clipart
