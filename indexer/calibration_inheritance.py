@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from indexer.manifest import Calibration, Manifest, ManifestError, read_manifest
 from indexer.registry import ActiveRegistry
+from models.scoring.item_familiarity import ItemGate
 
 log = logging.getLogger(__name__)
 
@@ -79,3 +80,14 @@ def inherit_calibration(
     if missing:
         note += f"; {', '.join(missing)} not calibrated ({RUN_CALIBRATE})"
     return InheritedCalibration(calibration, active.version, note)
+
+
+def familiarity_gate(caption_gallery: Manifest | None) -> ItemGate | None:
+    """The familiarity gate a caption gallery's calibration sets for image queries (the same
+    for every metric: it reads no distance), or None when it has none."""
+    if caption_gallery is None:
+        return None
+    for calibration in caption_gallery.calibration.values():
+        if calibration.gate_limit is not None:
+            return ItemGate(calibration.gate_score, calibration.gate_limit)
+    return None

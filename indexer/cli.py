@@ -139,6 +139,8 @@ def reindex(
     )
     if result.calibration_note:
         typer.echo(f"calibration: {result.calibration_note}")
+    if result.unfamiliar_note:
+        typer.echo(f"warning: {result.unfamiliar_note}")
     if result.activated and job.redis_url is None:
         typer.echo(_FILE_ONLY)
 

@@ -51,6 +51,7 @@ class Chunk:
     bad: list[BadItem]
     source_ids: list[str]  # ids of every source item of the chunk, kept or not
     embeddings: np.ndarray | None = None  # (n, K, D) of a pvse encoder, else None
+    novelty: np.ndarray | None = None  # (n,) of an image encoder on a pretrained backbone
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,12 @@ def save_chunk(path: Path, chunk: Chunk) -> None:
     }
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        multi = {} if chunk.embeddings is None else {"embeddings": chunk.embeddings}
-        np.savez(f, mu=chunk.mu, logvar=chunk.logvar, meta=np.array(json.dumps(meta)), **multi)
+        optional = {
+            name: array
+            for name, array in (("embeddings", chunk.embeddings), ("novelty", chunk.novelty))
+            if array is not None
+        }
+        np.savez(f, mu=chunk.mu, logvar=chunk.logvar, meta=np.array(json.dumps(meta)), **optional)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -97,6 +102,7 @@ def load_chunk(path: Path) -> Chunk:
             bad=[BadItem(**b) for b in meta["bad"]],
             source_ids=meta["source_ids"],
             embeddings=data["embeddings"] if "embeddings" in data.files else None,
+            novelty=data["novelty"] if "novelty" in data.files else None,
         )
 
 
@@ -180,6 +186,7 @@ def embed_chunk(
     dim = encoder.embed_dim
     mus, logvars, records, bad = [], [], [], []
     multi: list[np.ndarray] = []  # pvse: (n, K, D) per batch
+    novelty: list[np.ndarray] = []  # images on a pretrained backbone: (n,) per batch
     chunk_ids: set[str] = set()
     for batch in batched(source_items, batch_size):
         inputs, batch_records = [], []
@@ -205,6 +212,8 @@ def embed_chunk(
             logvars.append(np.asarray(out.logvar, np.float32))
             if getattr(out, "embeddings", None) is not None:
                 multi.append(np.asarray(out.embeddings, np.float32))
+            if getattr(out, "novelty", None) is not None:
+                novelty.append(np.asarray(out.novelty, np.float32))
             records.extend(batch_records)
     empty = np.zeros((0, dim), np.float32)
     return Chunk(
@@ -214,6 +223,7 @@ def embed_chunk(
         bad=bad,
         source_ids=[item.id for item in source_items],
         embeddings=np.concatenate(multi) if multi else None,
+        novelty=np.concatenate(novelty) if novelty else None,
     )
 
 

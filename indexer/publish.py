@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from indexer.build import (
     COMPRESSED_TYPES,
@@ -28,6 +29,7 @@ from indexer.build import (
 from indexer.calibration_inheritance import (
     InheritedCalibration,
     active_manifest,
+    familiarity_gate,
     inherit_calibration,
 )
 from indexer.embed import CHUNK_ITEMS, MAX_CAPTION_CHARS, EmbedSummary, embed_gallery, load_chunk
@@ -53,10 +55,13 @@ from indexer.version_writer import (
     families_for,
     served_metrics,
     write_arrays_and_metadata,
+    write_novelty,
     write_version_indexes,
 )
 from models.distance.gaussian import METRICS, check_metric
 from models.networks.model_config import ModelConfig, model_fingerprint
+from models.scoring.item_familiarity import ItemGate
+from models.scoring.uncertainty import log_det
 from models.threads import ThreadBudget
 
 log = logging.getLogger(__name__)
@@ -129,6 +134,7 @@ class PublishResult:
     report: dict[str, Any]
     reused_chunks: int
     calibration_note: str = ""
+    unfamiliar_note: str = ""  # pictures past the familiarity gate (unfamiliar_note)
 
 
 def new_version_name(key: str) -> str:
@@ -185,7 +191,33 @@ def run_reindex(job: ReindexJob) -> PublishResult:
         shutil.rmtree(tmp_dir, ignore_errors=True)  # gone after the rename; cleanup on failure
         release_owner(tmp_dir)
     shutil.rmtree(work_dir, ignore_errors=True)
-    return PublishResult(version, path, job.activate, report, summary.reused_chunks, inherited.note)
+    captions = active_manifest(registry, "text") if job.modality == "image" else None
+    same_model = captions is not None and captions.model_name == model_name
+    gate = familiarity_gate(captions) if same_model else None
+    return PublishResult(
+        version, path, job.activate, report, summary.reused_chunks, inherited.note,
+        unfamiliar_note(path, gate),
+    )  # fmt: skip
+
+
+def unfamiliar_note(version_dir: Path, gate: ItemGate | None) -> str:
+    """How many pictures of an image version the caption gallery's familiarity gate would
+    refuse as queries (searches mark them), as a warning sentence; "" when none or no gate."""
+    if gate is None:
+        return ""
+    version = open_version(version_dir)
+    try:
+        log_dets = log_det(torch.from_numpy(np.asarray(version.logvar, np.float32))).numpy()
+        flags = gate.flags(log_dets, version.novelty)
+    finally:
+        version.close()
+    if flags is None or not flags.any():
+        return ""
+    return (
+        f"{int(flags.sum())} of {len(flags)} pictures look unlike anything the model was trained "
+        f"on ({gate.describe()}, the familiarity gate of the active caption gallery): searches "
+        "mark them, and their distances mean little"
+    )
 
 
 def inherited_metrics(job: ReindexJob, active: Manifest | None) -> tuple[str, ...]:
@@ -267,6 +299,7 @@ def build_version(
     write_arrays_and_metadata(version_dir, parts, summary.kept, summary.dim, job.dtype)
     write_report(version_dir / REPORT_NAME, report)
     write_multivector(version_dir, (load_chunk(p).embeddings for p in summary.chunk_paths))
+    write_novelty(version_dir, (load_chunk(p).novelty for p in summary.chunk_paths))
     budget = job.memory_budget or default_memory_budget()
     indexes = write_version_indexes(version_dir, job.metrics, job.index_type, budget, job.seed)
     metrics = version_metrics(job)

@@ -281,6 +281,7 @@ def _drop_rows(chunk: Chunk, rows: list[int]) -> Chunk:
         records=[r for r, k in zip(chunk.records, keep, strict=True) if k],
         bad=[item for _, item in bad],
         embeddings=None if chunk.embeddings is None else chunk.embeddings[keep],
+        novelty=None if chunk.novelty is None else chunk.novelty[keep],
     )
 
 

@@ -25,6 +25,7 @@ LOGVAR_NAME = "logvar.npy"
 METADATA_NAME = "metadata.sqlite"
 REPORT_NAME = "report.json"
 DUPLICATES_NAME = "duplicates.npy"  # (N,) first row with the same embedding; absent if none
+NOVELTY_NAME = "novelty.npy"  # (N,) each picture's novelty (pretrained image encoders only)
 
 
 class UnsupportedMetricError(ValueError):
@@ -50,6 +51,8 @@ class IndexVersion:
         self._metadata = MetadataReader(self.path / METADATA_NAME)
         # pvse versions: K vectors per row for the exact best-pair search (indexer.multivector)
         self.multivector = open_multivector(self.path)
+        novelty = self.path / NOVELTY_NAME
+        self.novelty = np.load(novelty, mmap_mode="r") if novelty.is_file() else None  # (N,)
         self._check_counts()
 
     def _check_counts(self) -> None:

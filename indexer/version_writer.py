@@ -20,7 +20,7 @@ import numpy as np
 from indexer.build import IndexPlan, build_family_index, duplicate_representatives, plan_index
 from indexer.manifest import Calibration, Manifest, ManifestError, read_manifest, write_manifest
 from indexer.read_index import DuplicateGroups, FamilyIndex, index_file_name
-from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, METADATA_NAME, MU_NAME
+from indexer.store import DUPLICATES_NAME, LOGVAR_NAME, METADATA_NAME, MU_NAME, NOVELTY_NAME
 from indexer.tuning import tune_search_params
 from models.distance.augmented import INDEX_FAMILIES, candidate_families
 from models.distance.gaussian import METRICS
@@ -159,3 +159,15 @@ def write_arrays_and_metadata(
     mu.flush()
     logvar.flush()
     del mu, logvar
+
+
+def write_novelty(version_dir: Path, parts: Iterable[np.ndarray | None]) -> np.ndarray | None:
+    """Save each picture's novelty (the chunks' (n,) parts in row order) as novelty.npy, so
+    that searches and reindex can tell which pictures the familiarity gate would refuse;
+    nothing when the encoder gives none (a text gallery, an encoder trained from scratch)."""
+    chunks = list(parts)
+    if not chunks or any(c is None for c in chunks):
+        return None
+    novelty = np.concatenate(chunks).astype(np.float32)
+    np.save(version_dir / NOVELTY_NAME, novelty)
+    return novelty

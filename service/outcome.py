@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, TypeAdapter
 
 from indexer.manifest import Calibration
 from models.scoring.gallery_range import OUT_OF_RANGE_SCORE, RANGE_LIMIT
+from models.scoring.item_familiarity import ItemGate
 from models.scoring.known_words import UNKNOWN_WORDS_LIMIT, UNKNOWN_WORDS_SCORE, WordCheck
 from models.scoring.query_scores import QueryScores, unfamiliar
 from models.scoring.rerank import RankedBatch
@@ -50,6 +51,13 @@ class SearchHit:
     distance: float
     log_det: Annotated[float, _about("sum of ln sigma^2 of the result.")]
     metadata: dict[str, Any]
+    unfamiliar: Annotated[
+        bool | None,
+        _about("Pictures only: whether the familiarity gate that refuses image queries "
+               "(the caption gallery's calibration) would refuse this picture, unlike "
+               "anything the model was trained on, so its distance means little; null when "
+               "there is no gate or the picture's score for it was not stored."),
+    ] = None  # fmt: skip
 
 
 @dataclass
@@ -290,27 +298,52 @@ class ScoreSettings:
 
 
 def hit_lists(
-    index: Any, ranked: RankedBatch, posteriors: list[np.ndarray], ks: list[int]
+    index: Any,
+    ranked: RankedBatch,
+    posteriors: list[np.ndarray],
+    ks: list[int],
+    gate: ItemGate | None = None,
 ) -> list[list[SearchHit]]:
-    """Each query's top k results; one metadata lookup and one copy of the numbers for all."""
+    """Each query's top k results; one metadata lookup and one copy of the numbers for all.
+    `gate`: the familiarity gate that marks the pictures it would refuse."""
     tops = np.minimum(np.asarray(ks), ranked.counts)  # (Q,)
     width = int(tops.max()) if len(tops) else 0
     distances = ranked.distances[:, :width].cpu().numpy().tolist()  # (Q, width)
-    log_dets = log_det(ranked.logvar[:, :width]).cpu().numpy().tolist()  # (Q, width)
+    log_dets = log_det(ranked.logvar[:, :width]).cpu().numpy()  # (Q, width)
     rows = np.concatenate([ranked.rows[q, :top] for q, top in enumerate(tops)])
     records = iter(index.metadata(rows.tolist()))
+    flags = iter(_unfamiliar(index, gate, rows, log_dets, tops))
     hits = []
     for q, top in enumerate(tops.tolist()):
-        scores = posteriors[q][:top].tolist()
+        scores, dets = posteriors[q][:top].tolist(), log_dets[q].tolist()
         hits.append(
-            [_hit(next(records), r, scores[r], distances[q][r], log_dets[q][r]) for r in range(top)]
-        )
+            [_hit(next(records), r, scores[r], distances[q][r], dets[r], next(flags))
+             for r in range(top)]
+        )  # fmt: skip
     return hits
 
 
+def _unfamiliar(
+    index: Any, gate: ItemGate | None, rows: np.ndarray, log_dets: np.ndarray, tops: np.ndarray
+) -> list[bool | None]:
+    """Per result row (in `rows` order): past the gate or not; None without a verdict."""
+    if gate is not None:
+        dets = np.concatenate([log_dets[q, :top] for q, top in enumerate(tops)])
+        novelty = None if index.novelty is None else np.asarray(index.novelty)[rows]
+        flags = gate.flags(dets, novelty)
+        if flags is not None:
+            return flags.tolist()
+    return [None] * len(rows)
+
+
 def _hit(
-    record: dict[str, Any], r: int, score: float, distance: float, log_det: float
+    record: dict[str, Any],
+    r: int,
+    score: float,
+    distance: float,
+    log_det: float,
+    unfamiliar: bool | None,
 ) -> SearchHit:
     meta = dict(record)
     item_id = str(meta.pop("id"))
-    return SearchHit(item_id, r + 1, score, distance, log_det, meta)
+    return SearchHit(item_id, r + 1, score, distance, log_det, meta, unfamiliar)

@@ -19,12 +19,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from indexer.calibration_inheritance import uncalibrated_metrics
+from indexer.calibration_inheritance import familiarity_gate, uncalibrated_metrics
 from indexer.store import UnsupportedMetricError
 from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import METRICS
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.pvse.max_pair import MAX_PAIR
+from models.scoring.item_familiarity import ItemGate
 from models.scoring.known_words import KnownWords, WordCheck
 from models.scoring.query_scores import QueryScores, score_shortlists
 from models.scoring.rerank import RankedBatch
@@ -482,9 +483,8 @@ class Searcher:
         found = [scored.query(q, s.temperature) for q, s in enumerate(settings)]
         ranked = scored.ranked
         timings = {"shortlist": shortlist_ms, **scored.timings_ms}
-        hits = hit_lists(
-            index, ranked, [s.posterior[j] for s, j in found], [p.query.params.k for p in plans]
-        )
+        posteriors, ks = [s.posterior[j] for s, j in found], [p.query.params.k for p in plans]
+        hits = hit_lists(index, ranked, posteriors, ks, self._item_gate(loaded))
         return [
             _outcome(
                 loaded, plan, setting, scores, j, int(count), hit_list, timings, self.model_name
@@ -493,6 +493,15 @@ class Searcher:
                 plans, settings, found, ranked.counts, hits, strict=True
             )
         ]
+
+    def _item_gate(self, loaded: LoadedIndex) -> ItemGate | None:
+        """For results from the image gallery: the familiarity gate the loaded caption
+        gallery's calibration sets for image queries, which marks the pictures it would
+        refuse (models.scoring.item_familiarity); None for the caption gallery, or no gate."""
+        if loaded.modality != "image":
+            return None
+        captions = next((c for c in self.holder.loaded() if c.modality == "text"), None)
+        return familiarity_gate(captions.index.manifest) if captions is not None else None
 
     def _finish_max_pair(self, loaded: LoadedIndex, plan: _Plan) -> SearchResponse:
         """A pvse query: best-pair ranking and its scores, on its own."""

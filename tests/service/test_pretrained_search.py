@@ -15,6 +15,7 @@ from PIL import Image
 
 from indexer.manifest import read_manifest
 from indexer.registry import ActiveRegistry
+from indexer.store import open_version
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
@@ -142,7 +143,20 @@ def test_calibration_gates_image_queries_on_novelty_and_noise_is_rejected(served
         with httpx.Client(base_url=server.url, timeout=60) as client:
             picture = client.post("/search/image", files={"image": ("n.png", png.getvalue())})
         as_vector = search(server, "/search/embedding", features=vector, gallery="text")
-        caption = search(server, "/search/text", text="a red circle")
+        caption = search(server, "/search/text", text="a red circle", k=40)
+        first = caption["results"][0]
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            picture_file = client.get(f"/v1/items/{first['id']}/image").content
+            as_query = client.post("/search/image", files={"image": ("p.png", picture_file)})
+    # Each picture's novelty is stored at reindex (novelty.npy), the same as it gets as a query,
+    # and each image result says whether the gate would refuse it.
+    version = open_version(active_version(root, "image"))
+    rows = {r["id"]: i for i, r in enumerate(version.metadata(list(range(version.manifest.count))))}
+    stored = np.asarray(version.novelty)
+    version.close()
+    assert stored[rows[first["id"]]] == pytest.approx(as_query.json()["query"]["novelty"], abs=1e-4)
+    for hit in caption["results"]:
+        assert hit["unfamiliar"] == bool(stored[rows[hit["id"]]] > gate.gate_limit)
     for query in (picture.json()["query"], as_vector["query"]):
         assert query["novelty"] > gate.gate_limit
         assert query["rejected"] is True

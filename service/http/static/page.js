@@ -347,7 +347,15 @@ function resultCard(hit, kind, gallery, metric) {
     uncertaintyBar(hit.log_det, gallery),
   ]);
   const id = element("div", { class: "item-id", text: hit.id });
-  return element("li", { class: `card card-${kind}`, "data-id": hit.id }, [body, facts, id]);
+  const parts = [body, facts, id];
+  // A picture the service would refuse as a query (query.results[].unfamiliar).
+  if (hit.unfamiliar === true) {
+    parts.push(element("div", {
+      class: "item-unfamiliar",
+      text: "Unlike the pictures the model was trained on: its distance means little.",
+    }));
+  }
+  return element("li", { class: `card card-${kind}`, "data-id": hit.id }, parts);
 }
 
 // ----- messages -----------------------------------------------------------------------------
