@@ -577,19 +577,27 @@ def ood_auroc(
     image queries from the split's own images (higher = the OOD images look more uncertain),
     and the fraction of them each score rejects at the threshold that rejects
     SHIFT_FALSE_REJECTION of the split's own images."""
-    device = torch_device(config.device)
-    chunks = distance_chunks(metric, ood, captions, config.chunk_size, device, config.seed)
-    m = min(config.shortlist_size, captions.mu.shape[0])
-    shortlist = np.concatenate(
-        [torch.topk(d, m, dim=1, largest=False).indices.cpu().numpy() for _, d in chunks]
-    )  # (Q_ood, m)
-    scores = direction_scores(metric, ood, captions, shortlist, config, caption_query=False)
+    scores = shortlist_scores(metric, ood, captions, config, caption_query=False)
     shared = [name for name in scores if name in in_distribution]
     return {
         "images": int(ood.mu.shape[0]),
         "auroc": {name: auroc(in_distribution[name], scores[name]) for name in shared},
         "rejected": {name: rejected_share(in_distribution[name], scores[name]) for name in shared},
     }
+
+
+def shortlist_scores(
+    metric: str, queries: Embeddings, gallery: Embeddings, config: EvalConfig, caption_query: bool
+) -> dict[str, np.ndarray]:
+    """Every score of `queries` over their top `shortlist_size` of `gallery` (exhaustive
+    distances), for probes outside the split's own query-gallery pairing."""
+    device = torch_device(config.device)
+    chunks = distance_chunks(metric, queries, gallery, config.chunk_size, device, config.seed)
+    m = min(config.shortlist_size, gallery.mu.shape[0])
+    shortlist = np.concatenate(
+        [torch.topk(d, m, dim=1, largest=False).indices.cpu().numpy() for _, d in chunks]
+    )  # (Q, m)
+    return direction_scores(metric, queries, gallery, shortlist, config, caption_query)
 
 
 SHIFT_FALSE_REJECTION = 0.05
@@ -608,14 +616,7 @@ def no_match_rejection(split: SplitEmbeddings, metric: str, config: EvalConfig) 
     gallery = _rows(split.images, kept)
     remaining = [image for image, keep in zip(images, kept, strict=True) if keep]
     answerable = plausible_match_matrix(captions, remaining).any(1)  # (Q,)
-    device = torch_device(config.device)
-    queries = split.captions
-    chunks = distance_chunks(metric, queries, gallery, config.chunk_size, device, config.seed)
-    m = min(config.shortlist_size, gallery.mu.shape[0])
-    shortlist = np.concatenate(
-        [torch.topk(d, m, dim=1, largest=False).indices.cpu().numpy() for _, d in chunks]
-    )  # (Q, m)
-    scores = direction_scores(metric, queries, gallery, shortlist, config, caption_query=True)
+    scores = shortlist_scores(metric, split.captions, gallery, config, caption_query=True)
     has, lacks = answerable, ~answerable
     counts = {"captions": len(captions), "no_match": int(lacks.sum())}
     counts["gallery_images"] = int(kept.sum())
