@@ -5,9 +5,12 @@ never sends a request, or sends its headers one line every few seconds, was held
 and 1,100 of them exhausted a 1,024 file-descriptor limit (the service then failed reading its
 own ACTIVE file). `BoundedHttpToolsProtocol` closes a connection whose request headers are not
 complete `timeout_keep_alive` seconds after it opened or after the last byte of a previous
-request arrived, and answers a connection past `limit_concurrency` open ones with 503 and
-closes it at once, so the cap (Settings.connection_cap, below the descriptor limit) always
-leaves descriptors for the service's own files.
+request arrived. At the cap (`limit_concurrency`, Settings.connection_cap, below the descriptor
+limit, so the service's own files always have descriptors) a new connection first evicts the
+oldest connections that never completed a request's headers: 2,000 idle connections otherwise
+filled the cap for the whole header deadline, and since uvicorn answers every request 503 while
+the connections reach the cap, a well-behaved client's keep-alive connection failed with them.
+Only when no such connection is left is the new one answered 503 and closed.
 """
 
 from __future__ import annotations
@@ -38,15 +41,36 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     docstring); both read uvicorn's own settings, so the class travels to worker processes."""
 
     _header_timer: asyncio.TimerHandle | None = None
+    _opened: float = 0.0
+    _requests: int = 0  # requests whose headers completed on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._opened = self.loop.time()
         cap = self.limit_concurrency
-        if cap is not None and len(self.connections) > cap:
+        # uvicorn answers 503 to any request while len(connections) >= cap: keep one below it
+        if cap is not None and len(self.connections) >= cap and not self._evict(cap - 1):
             transport.write(TOO_MANY_CONNECTIONS)
             transport.close()
             return
         self._arm_header_timer()
+
+    def _evict(self, keep: int) -> bool:
+        """Close the oldest connections that never completed a request's headers until at most
+        `keep` are open; whether that was possible."""
+        idle = sorted(
+            (c for c in self.connections
+             if c is not self and isinstance(c, BoundedHttpToolsProtocol) and c._requests == 0),
+            key=lambda c: c._opened,
+        )  # fmt: skip
+        excess = len(self.connections) - keep
+        if len(idle) < excess:
+            return False
+        for victim in idle[:excess]:
+            self.connections.discard(victim)
+            victim._cancel_header_timer()
+            victim.transport.close()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self.cycle is None or self.cycle.response_complete:
@@ -55,6 +79,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
+        self._requests += 1
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -179,17 +179,46 @@ def test_connections_that_send_no_request_or_drip_headers_are_closed(
     drip.close()
 
 
-def test_connections_past_the_cap_get_503_and_are_closed(artifacts: Artifacts) -> None:
+KEEP_ALIVE_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_at_the_cap_a_new_connection_evicts_the_oldest_that_never_sent_a_request(
+    artifacts: Artifacts,
+) -> None:
+    """Cap 10 (one left free: uvicorn answers 503 to every request while the open connections
+    reach the cap). Nine connections that send nothing fill it; a client that then connects is
+    served, and the oldest silent connection is closed for it."""
     settings = make_settings(artifacts, keep_alive_timeout_s=30, max_connections=10)
     with ServerThread(settings) as server:
-        held = [connect(server) for _ in range(10)]
-        time.sleep(0.2)  # accepted in order
+        silent = []
+        for _ in range(9):
+            silent.append(connect(server))
+            time.sleep(0.02)  # opened in this order
+        client = connect(server)
+        client.sendall(KEEP_ALIVE_HEALTHZ)
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert read_until_closed(silent[0]) == b""
+        client.sendall(KEEP_ALIVE_HEALTHZ)  # its keep-alive connection keeps working
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 ")
+        for conn in [client, *silent]:
+            conn.close()
+
+
+def test_at_the_cap_with_every_connection_in_use_a_new_one_gets_503(artifacts: Artifacts) -> None:
+    settings = make_settings(artifacts, keep_alive_timeout_s=30, max_connections=10)
+    with ServerThread(settings) as server:
+        busy = []
+        for _ in range(9):
+            conn = connect(server)
+            conn.sendall(KEEP_ALIVE_HEALTHZ)
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+            busy.append(conn)
         extra = connect(server)
         answer = read_until_closed(extra)
         assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
         assert b"too_many_connections" in answer and b"retry-after: 1" in answer
         extra.close()
-        for conn in held:
+        for conn in busy:
             conn.close()
         time.sleep(0.2)
         conn = connect(server)
