@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -71,8 +72,15 @@ SERVE = "import sys; from probsearch.cli import main; sys.argv[0] = 'probsearch'
 
 
 @contextmanager
-def server(env: dict[str, str], model: Path, index_root: Path, log_path: Path) -> Iterator[tuple]:
-    """`probsearch serve` on a free port; yields (base URL, psutil.Process) once ready."""
+def server(
+    env: dict[str, str],
+    model: Path,
+    index_root: Path,
+    log_path: Path,
+    fd_limit: int | None = None,
+) -> Iterator[tuple]:
+    """`probsearch serve` on a free port; yields (base URL, psutil.Process) once ready.
+    `fd_limit`: the server's file-descriptor limit (soft and hard), e.g. 1024."""
     port = free_port()
     command = [
         sys.executable,
@@ -89,7 +97,13 @@ def server(env: dict[str, str], model: Path, index_root: Path, log_path: Path) -
         "warning",
     ]
     log = log_path.open("w")
-    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    def limit_fds() -> None:
+        if fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    process = subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_fds
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300

@@ -1,0 +1,313 @@
+"""Issue 41's hostile clients against a real server (`probsearch serve` with a 1,024
+file-descriptor limit, the clip-art demo's indexes), each next to a well-behaved client that
+keeps one keep-alive connection and sends captions:
+
+1. 2,000 connections that never send a request and 50 that send their headers one line every
+   2 s: the well-behaved client's latency while they are open, and how long each took to be
+   closed by the server (the header deadline is keep_alive_timeout_s; past the connection cap a
+   connection gets 503 and is closed at once).
+2. 16 clients sending 5 MB JSON bodies over and over: the well-behaved client's median latency
+   against its own unloaded median, and how long each oversized body took to be refused (from
+   its headers sent to the answer).
+3. 100 clients that hang up in the middle of a body: the server's 5xx count before and after.
+
+    python benchmarks/hostile_clients.py                  # builds or reuses .cache/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import selectors
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.service_bench_setup import demo_artifacts, server
+
+ROOT = Path(__file__).resolve().parents[1]
+FD_LIMIT = 1024
+IDLE, SLOWLORIS, BODIES, BODY_MB, DISCONNECTS = 2000, 50, 16, 5, 100
+QUERY = {"text": "a drawing of a penguin", "k": 10}
+
+
+def latencies(http: httpx.Client, seconds: float) -> tuple[list[float], int]:
+    """Send the caption for `seconds`; the latency of each answer and how many failed."""
+    times, failures = [], 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        start = time.perf_counter()
+        try:
+            ok = http.post("/search/text", json=QUERY).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        times.append(time.perf_counter() - start)
+        failures += not ok
+    return times, failures
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def open_idle(address: tuple[str, int], count: int) -> list[tuple[socket.socket, float]]:
+    """`count` connections that send nothing, with the time each was opened."""
+    opened = []
+    for _ in range(count):
+        sock = socket.create_connection(address, timeout=5)
+        opened.append((sock, time.monotonic()))
+    return opened
+
+
+def slowloris(
+    address: tuple[str, int], count: int, stop: threading.Event
+) -> list[tuple[socket.socket, float]]:
+    """`count` connections that send a request line, then a header line every 2 s."""
+    opened = open_idle(address, count)
+    socks = [sock for sock, _ in opened]
+    for sock in socks:
+        sock.sendall(b"POST /search/text HTTP/1.1\r\nHost: x\r\n")
+
+    def drip() -> None:
+        n = 0
+        while not stop.wait(2.0):
+            n += 1
+            for sock in socks:
+                with contextlib.suppress(OSError):
+                    sock.sendall(f"X-Drip-{n}: {n}\r\n".encode())
+
+    threading.Thread(target=drip, daemon=True).start()
+    return opened
+
+
+def closed_after(opened: list[tuple[socket.socket, float]], wait_s: float) -> list[float]:
+    """Seconds from opening to the server closing each connection (EOF or reset); a connection
+    still open after `wait_s` counts as inf."""
+    selector = selectors.DefaultSelector()
+    for sock, started in opened:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ, started)
+    result: list[float] = []
+    deadline = time.monotonic() + wait_s
+    while selector.get_map() and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=0.2):
+            sock = key.fileobj
+            try:
+                data = sock.recv(4096)  # type: ignore[union-attr]
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if not data or b"503" in data[:20]:
+                result.append(time.monotonic() - key.data)
+                selector.unregister(sock)
+                sock.close()  # type: ignore[union-attr]
+    for key in list(selector.get_map().values()):
+        result.append(float("inf"))
+        key.fileobj.close()  # type: ignore[union-attr]
+    return result
+
+
+def connections_scenario(url: str, http: httpx.Client) -> dict:
+    address = (urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80)
+    stop = threading.Event()
+    drips = slowloris(address, SLOWLORIS, stop)
+    idle = open_idle(address, IDLE)
+    closed: list[float] = []
+    watcher = threading.Thread(target=lambda: closed.extend(closed_after(drips + idle, 30.0)))
+    watcher.start()  # sees each close as it happens, while the client searches
+    during, failures = latencies(http, 10.0)
+    watcher.join()
+    stop.set()
+    late = [t for t in closed if t > 30.0]
+    return {
+        "during_p50_ms": 1000 * statistics.median(during),
+        "during_p99_ms": 1000 * quantile(during, 0.99),
+        "requests": len(during),
+        "failures": failures,
+        "closed_max_s": max(t for t in closed if t != float("inf")),
+        "closed_p50_s": statistics.median(closed),
+        "closed_p95_s": quantile(closed, 0.95),
+        "closed_within_deadline": sum(t <= 5.0 + 0.5 for t in closed),
+        "still_open_after_30s": len(late),
+    }
+
+
+BODY = b"[" + b"0.0," * (BODY_MB * 2**20 // 4) + b"0]"
+
+
+def refuse_once(address: tuple[str, int]) -> float | None:
+    """Seconds from sending a 5 MB body's headers (and its first 64 KiB) to the 413; None if
+    the answer was something else."""
+    headers = (
+        f"POST /search/embedding HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(BODY)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(headers)
+        started = time.perf_counter()
+        try:
+            sock.sendall(BODY[: 64 * 1024])
+            answer = sock.recv(64)
+        except OSError:
+            answer = b""
+    return time.perf_counter() - started if answer.startswith(b"HTTP/1.1 413") else None
+
+
+def oversized(address: tuple[str, int], refusals: list[float], stop: threading.Event) -> None:
+    while not stop.is_set():
+        took = refuse_once(address)
+        if took is not None:
+            refusals.append(took)
+
+
+def bodies_scenario(url: str, http: httpx.Client) -> dict:
+    address = (urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80)
+    alone, _ = latencies(http, 8.0)
+    single = [t for t in (refuse_once(address) for _ in range(50)) if t is not None]
+    refusals: list[float] = []
+    stop = threading.Event()
+    senders = [
+        threading.Thread(target=oversized, args=(address, refusals, stop), daemon=True)
+        for _ in range(BODIES)
+    ]
+    for sender in senders:
+        sender.start()
+    loaded, failures = latencies(http, 10.0)
+    stop.set()
+    for sender in senders:
+        sender.join(timeout=30)
+    return {
+        "alone_p50_ms": 1000 * statistics.median(alone),
+        "loaded_p50_ms": 1000 * statistics.median(loaded),
+        "ratio": statistics.median(loaded) / statistics.median(alone),
+        "failures": failures,
+        "refused": len(refusals),
+        "alone_refusal_p50_ms": 1000 * statistics.median(single),
+        "alone_refusal_max_ms": 1000 * max(single),
+        "refusal_p50_ms": 1000 * statistics.median(refusals) if refusals else float("nan"),
+        "refusal_max_ms": 1000 * max(refusals) if refusals else float("nan"),
+    }
+
+
+def five_xx(http: httpx.Client) -> float:
+    text = http.get("/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("probsearch_requests_total{") and 'status="5' in line
+    )
+
+
+def disconnects_scenario(url: str, http: httpx.Client) -> dict:
+    address = (urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80)
+    before = five_xx(http)
+    body = json.dumps({"text": "a red apple " * 100, "k": 3}).encode()
+    for _ in range(DISCONNECTS):
+        with socket.create_connection(address, timeout=5) as sock:
+            sock.sendall(
+                b"POST /search/text HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body[: len(body) // 2]
+            )
+    time.sleep(2.0)
+    return {"disconnects": DISCONNECTS, "added_5xx": five_xx(http) - before}
+
+
+def run(url: str, scenario: Callable[[str, httpx.Client], dict]) -> dict:
+    with httpx.Client(base_url=url, timeout=30) as http:
+        http.post("/search/text", json=QUERY)  # the keep-alive connection, opened first
+        return scenario(url, http)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--demo-dir", type=Path, default=ROOT / ".cache" / "demo")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /
+                        "hostile_clients.md")  # fmt: skip
+    args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 16384), hard))  # this side's sockets
+    command = " ".join([".venv/bin/python benchmarks/hostile_clients.py", *sys.argv[1:]])
+    artifacts = demo_artifacts(args.demo_dir, quick=False, plan_name="clipart")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PROBSEARCH_")}
+        env["PYTHONPATH"] = str(ROOT)
+        log = Path(tmp) / "server.log"
+        for name, scenario in (("connections", connections_scenario),
+                               ("bodies", bodies_scenario),
+                               ("disconnects", disconnects_scenario)):  # fmt: skip
+            with server(env, artifacts.model, artifacts.index_root, log, FD_LIMIT) as (url, _):
+                results[name] = run(url, scenario)
+                print(name, results[name], flush=True)
+        log_bytes = log.stat().st_size
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    c, b, d = results["connections"], results["bodies"], results["disconnects"]
+    lines = [
+        "# Hostile clients against a server with a 1,024 file-descriptor limit",
+        "",
+        f"Command: `{command}` at commit {commit}; machine: "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load (1 min) "
+        f"{os.getloadavg()[0]:.1f}. The clip-art demo's model and indexes, `probsearch serve` "
+        "with its defaults (keep_alive_timeout_s 5, connection cap = fd limit - 256 = 768, "
+        "max_json_bytes 512 KiB), a fresh server per scenario. The well-behaved client keeps "
+        f"one keep-alive connection and sends `{json.dumps(QUERY)}` back to back.",
+        "",
+        f"## {IDLE} idle connections and {SLOWLORIS} slowloris connections",
+        "",
+        "The well-behaved client's captions while they are open (10 s), then when the server "
+        "closed each of the 2,050 connections, counted from when the client opened it (the "
+        "server's deadline, 5 s, runs from when it accepts the connection).",
+        "",
+        "| requests | failed | p50 ms | p99 ms | closed p50 / p95 / max s | closed within 5.5 s "
+        "| open after 30 s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| {c['requests']} | {c['failures']} | {c['during_p50_ms']:.1f} | "
+        f"{c['during_p99_ms']:.1f} | {c['closed_p50_s']:.1f} / {c['closed_p95_s']:.1f} / "
+        f"{c['closed_max_s']:.1f} | {c['closed_within_deadline']} | "
+        f"{c['still_open_after_30s']} |",
+        "",
+        f"## {BODIES} clients sending {BODY_MB} MB JSON bodies",
+        "",
+        "Caption latency alone and while the bodies are sent; then the time from a body's "
+        "headers to its 413, one body at a time (50) and under the 16 senders.",
+        "",
+        "| alone p50 ms | loaded p50 ms | ratio | failed | bodies refused | refusal alone "
+        "p50 / max ms | refusal loaded p50 / max ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| {b['alone_p50_ms']:.1f} | {b['loaded_p50_ms']:.1f} | {b['ratio']:.2f} | "
+        f"{b['failures']} | {b['refused']} | {b['alone_refusal_p50_ms']:.2f} / "
+        f"{b['alone_refusal_max_ms']:.2f} | {b['refusal_p50_ms']:.2f} / "
+        f"{b['refusal_max_ms']:.2f} |",
+        "",
+        f"## {DISCONNECTS} clients hanging up mid-body",
+        "",
+        f"5xx added to /metrics: {d['added_5xx']:g}. Server log over the three scenarios: "
+        f"{log_bytes} bytes (the last scenario's).",
+        "",
+    ]
+    args.out.write_text("\n".join(lines))
+    print(args.out.read_text())
+
+
+if __name__ == "__main__":
+    main()
