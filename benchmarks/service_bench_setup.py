@@ -97,6 +97,7 @@ def server(
         "warning",
     ]
     log = log_path.open("w")
+
     def limit_fds() -> None:
         if fd_limit is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
