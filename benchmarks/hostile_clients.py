@@ -20,12 +20,10 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import resource
 import selectors
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.service_bench_setup import demo_artifacts, server
+from benchmarks.service_bench_setup import demo_artifacts, provenance, server
 
 ROOT = Path(__file__).resolve().parents[1]
 FD_LIMIT = 1024
@@ -258,16 +256,12 @@ def main() -> None:
                 results[name] = run(url, scenario)
                 print(name, results[name], flush=True)
         log_bytes = log.stat().st_size
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     c, b, d = results["connections"], results["bodies"], results["disconnects"]
     lines = [
         "# Hostile clients against a server with a 1,024 file-descriptor limit",
         "",
-        f"Command: `{command}` at commit {commit}; machine: "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load (1 min) "
-        f"{os.getloadavg()[0]:.1f}. The clip-art demo's model and indexes, `probsearch serve` "
+        f"{provenance(command)} "
+        f"The clip-art demo's model and indexes, `probsearch serve` "
         "with its defaults (keep_alive_timeout_s 5, connection cap = fd limit - 256 = 768, "
         "max_json_bytes 512 KiB), a fresh server per scenario. The well-behaved client keeps "
         f"one keep-alive connection and sends `{json.dumps(QUERY)}` back to back.",

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.service_bench_setup import demo_artifacts, server
+from benchmarks.service_bench_setup import demo_artifacts, provenance, server
 
 ROOT = Path(__file__).resolve().parents[1]
 ISSUE_QUERIES = ("asdf qwerty", "a pink hexagon", "ein roter Kreis", "redd circel",
@@ -69,15 +67,10 @@ def main() -> None:
         ):
             answers = answered(url, texts)
             model = httpx.get(f"{url}/v1/config", timeout=10).json().get("model", "?")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     lines = [
         f"# A newcomer's captions against the served {args.plan} demo",
         "",
-        f"Command: `{command}` at commit {commit}; machine: "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load (1 min) "
-        f"{os.getloadavg()[0]:.1f}. Model: {model}.",
+        f"{provenance(command)} Model: {model}.",
         "",
         "Each caption is one POST /search/text with k=1 and the service's defaults. The first "
         f"{len(ISSUE_QUERIES)} are issue 42's; the rest should be answered. Decided by: the "

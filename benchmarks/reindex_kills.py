@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.service_bench_setup import redis_server
+from benchmarks.service_bench_setup import provenance, redis_server
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBSEARCH = [sys.executable, "-c", "from probsearch.cli import main; main()"]
@@ -168,15 +167,11 @@ def main() -> None:
         left_by_kill = leftovers(root)
         code, rerun = timed(command, env)
         rows.append((moment, len(left_by_kill), code, rerun, leftovers(root)))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     lines = [
         "# kill -9 of a reindex, then the same reindex at once",
         "",
-        f"Command: `{command_line}` at commit {commit}; machine: "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load (1 min) "
-        f"{os.getloadavg()[0]:.1f}. `probsearch reindex --modality image --activate` of a "
+        f"{provenance(command_line)} "
+        f"`probsearch reindex --modality image --activate` of a "
         f"{args.images}-image shapes dataset (all its splits) with a 1-epoch model, against a "
         f"Redis of its own; a whole run took {full:.1f} s, of which the first {work_at:.1f} s "
         "import and load the model before anything is written. Killed at 10 moments, each "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import resource
 import shutil
 import socket
@@ -66,6 +67,21 @@ def redis_server(log_dir: Path) -> Iterator[str]:
         process.terminate()
         process.wait(timeout=10)
         log.close()
+
+
+def provenance(command: str) -> str:
+    """The sentence a results file opens with: the command, the commit (and whether the tree
+    had uncommitted changes), the machine and its load when the run ended."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+
+    dirty = " (with uncommitted changes)" if git("status", "--porcelain").strip() else ""
+    return (
+        f"Command: `{command}` at commit {git('rev-parse', '--short', 'HEAD').strip()}{dirty}; "
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load "
+        f"(1 min) {os.getloadavg()[0]:.1f}."
+    )
 
 
 SERVE = "import sys; from probsearch.cli import main; sys.argv[0] = 'probsearch'; main()"

@@ -16,8 +16,6 @@ import argparse
 import io
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -29,7 +27,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.service_bench_setup import demo_artifacts, server
+from benchmarks.service_bench_setup import demo_artifacts, provenance, server
 from models.datasets.outliers import synthetic_outliers
 from models.datasets.photos import write_photos
 
@@ -97,15 +95,10 @@ def main() -> None:
         ):
             results = {name: judged(url, files) for name, files in probes.items()}
             config = httpx.get(f"{url}/v1/config", timeout=10).json()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     lines = [
         "# Unfamiliar image queries against the served clip-art demo",
         "",
-        f"Command: `{command}` at commit {commit}; machine: "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load (1 min) "
-        f"{os.getloadavg()[0]:.1f}. Model: {config.get('model', '?')}.",
+        f"{provenance(command)} Model: {config.get('model', '?')}.",
         "",
         "Each image is one POST /search/image with the service's defaults (its metric, 16 "
         "draws, the calibrated rule). Rejected: the answer's `rejected`; by: the reject score "

@@ -207,7 +207,7 @@ def unfamiliar_note(version_dir: Path, gate: ItemGate | None) -> str:
         return ""
     version = open_version(version_dir)
     try:
-        log_dets = log_det(torch.from_numpy(np.asarray(version.logvar, np.float32))).numpy()
+        log_dets = log_det(torch.from_numpy(np.array(version.logvar, np.float32))).numpy()
         flags = gate.flags(log_dets, version.novelty)
     finally:
         version.close()
