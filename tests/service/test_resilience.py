@@ -155,7 +155,7 @@ def test_redis_outage_then_recovery(
         first.wait(timeout=10)
         for i in range(4):
             started = time.monotonic()
-            response = http.post("/search/text", json={**request, "k": 3 + i})
+            response = http.post("/search/text", json={**request, "k": 4 + i})
             assert response.status_code == 200 and response.headers["x-cache"] == "miss"
             assert time.monotonic() - started < 3.0
         wait_for(lambda: _metric(http, "probsearch_redis_up 0.0"), 5, "redis_up to read 0")
