@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
+# the live gallery's write-ahead log (indexer.live_log): appended after the version is built,
+# so it is no part of the checksummed files
+LIVE_LOG_NAME = "live.wal"
 FORMAT_VERSION = 1
 
 
@@ -113,11 +116,12 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
 
 
 def checksum_dir(version_dir: Path) -> dict[str, str]:
-    """sha256 of every file in a version dir except the manifest itself, keyed by file name."""
+    """sha256 of every file in a version dir except the manifest and the live log, keyed by
+    file name."""
     return {
         p.name: sha256_file(p)
         for p in sorted(version_dir.iterdir())
-        if p.is_file() and p.name != MANIFEST_NAME
+        if p.is_file() and p.name not in (MANIFEST_NAME, LIVE_LOG_NAME)
     }
 
 

@@ -52,6 +52,51 @@ class DuplicateGroups:
         return out_distances, out_rows
 
 
+class RowSelection:
+    """The rows of a version a search may return (the live ones, those a filter matches), as
+    a FAISS ID selector over the row numbers the index holds."""
+
+    def __init__(self, allowed: np.ndarray) -> None:
+        self.allowed = np.asarray(allowed, bool)  # (N,)
+        self.count = int(self.allowed.sum())
+        self.excluded = len(self.allowed) - self.count
+        self._selectors: dict[bool, tuple[faiss.IDSelector, np.ndarray]] = {}
+
+    def rows(self) -> np.ndarray:
+        """The allowed rows, ascending."""
+        return np.flatnonzero(self.allowed)
+
+    def selector(self, duplicates: DuplicateGroups | None) -> faiss.IDSelector:
+        """A bitmap selector of the ids in the index: the allowed rows, or with duplicate
+        embeddings each group's representative when any of its rows is allowed."""
+        key = duplicates is not None
+        if key not in self._selectors:
+            ids = self.allowed
+            if duplicates is not None:
+                ids = np.zeros(len(self.allowed), bool)
+                ids[duplicates.representatives[self.allowed]] = True
+            bitmap = np.packbits(ids, bitorder="little")
+            # the selector reads the bitmap in place: keep it alive with the selector
+            self._selectors[key] = (
+                faiss.IDSelectorBitmap(len(ids), faiss.swig_ptr(bitmap)),
+                bitmap,
+            )
+        return self._selectors[key][0]
+
+    def first_allowed(
+        self, distances: np.ndarray, rows: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's first k allowed rows (Q, k), in the order given, -1 / +inf padded."""
+        keep = (rows >= 0) & self.allowed[np.maximum(rows, 0)]
+        out_distances = np.full((len(rows), k), np.inf, np.float32)
+        out_rows = np.full((len(rows), k), -1, np.int64)
+        for q in range(len(rows)):
+            found = np.flatnonzero(keep[q])[:k]
+            out_rows[q, : len(found)] = rows[q, found]
+            out_distances[q, : len(found)] = distances[q, found]
+        return out_distances, out_rows
+
+
 class FamilyIndex:
     """One family's FAISS index with its search parameters; searches in Gaussian terms."""
 
@@ -81,12 +126,20 @@ class FamilyIndex:
         logvar_q: np.ndarray | None,
         k: int,
         search_params: dict[str, Any] | None = None,
+        allowed: RowSelection | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded."""
-        distances, rows = self.search_index(mu_q, logvar_q, k, search_params)
+        """Distances (Q, k) float32 of the family's metric and rows (Q, k) int64, -1 padded;
+        only `allowed` rows when given (searched inside FAISS, so k come back whenever k
+        rows are allowed)."""
+        distances, rows = self.search_index(mu_q, logvar_q, k, search_params, allowed)
         if self.duplicates is None:
             return distances, rows
-        return self.duplicates.expand(distances, rows, k)
+        if allowed is None:
+            return self.duplicates.expand(distances, rows, k)
+        # a group is searched when any of its rows is allowed: expand all, keep the allowed
+        wide = min(len(self.duplicates.representatives), k + allowed.excluded)
+        distances, rows = self.duplicates.expand(distances, rows, wide)
+        return allowed.first_allowed(distances, rows, k)
 
     def search_index(
         self,
@@ -94,12 +147,16 @@ class FamilyIndex:
         logvar_q: np.ndarray | None,
         k: int,
         search_params: dict[str, Any] | None = None,
+        allowed: RowSelection | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Like search, but duplicate embeddings appear once, as their representative row."""
         queries, const = query_vectors(self.family, mu_q, logvar_q)  # (Q, D'), (Q,)
         if self._mips_radius2 is not None:
             queries = np.concatenate([queries, np.zeros((len(queries), 1), np.float32)], axis=1)
-        faiss_params = make_search_parameters(self.index, search_params or self.search_params)
+        selector = None if allowed is None else allowed.selector(self.duplicates)
+        faiss_params = make_search_parameters(
+            self.index, search_params or self.search_params, selector
+        )
         scores, rows = self.index.search(queries, k, params=faiss_params)  # (Q, k) each
         if self._mips_radius2 is not None:
             # ||q' - x'||^2 = |q|^2 + R^2 - 2 <q, x>  ->  <q, x>
@@ -111,17 +168,21 @@ class FamilyIndex:
 
 
 def make_search_parameters(
-    index: faiss.Index, search_params: dict[str, Any]
+    index: faiss.Index, search_params: dict[str, Any], selector: faiss.IDSelector | None = None
 ) -> faiss.SearchParameters | None:
-    """Per-call faiss.SearchParameters for `index` (None for flat indexes).
+    """Per-call faiss.SearchParameters for `index` (None for flat indexes searched whole).
 
-    IndexIDMap passes them through to its index; IndexPreTransform needs them wrapped.
+    IndexIDMap passes them through to its index, translating the selector's ids;
+    IndexPreTransform needs them wrapped.
     """
     params: faiss.SearchParameters | None = None
     if "nprobe" in search_params:
         params = faiss.SearchParametersIVF(nprobe=int(search_params["nprobe"]))
     elif "efSearch" in search_params:
         params = faiss.SearchParametersHNSW(efSearch=int(search_params["efSearch"]))
+    if selector is not None:
+        params = params if params is not None else faiss.SearchParameters()
+        params.sel = selector
     if params is not None and isinstance(index, faiss.IndexPreTransform):
         wrapper = faiss.SearchParametersPreTransform()
         wrapper.index_params = params

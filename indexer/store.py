@@ -14,7 +14,7 @@ import numpy as np
 
 from indexer.manifest import Manifest, ManifestError, read_manifest, verify_checksums
 from indexer.multivector import EMBEDDINGS_FILE, open_multivector
-from indexer.read_index import DuplicateGroups
+from indexer.read_index import DuplicateGroups, RowSelection
 from indexer.shortlist import ShortlistBackend
 from indexer.shortlist_backends import FaissBackend
 from models.distance.augmented import candidate_families
@@ -104,10 +104,16 @@ class IndexVersion:
         )
 
     def search_family(
-        self, family: str, mu_q: np.ndarray, logvar_q: np.ndarray | None, size: int
+        self,
+        family: str,
+        mu_q: np.ndarray,
+        logvar_q: np.ndarray | None,
+        size: int,
+        allowed: RowSelection | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """One index family's answer: its distances (Q, size) float32 (exact for flat,
-        approximate for compressed indexes; +inf past the last result) and rows (Q, size)."""
+        approximate for compressed indexes; +inf past the last result) and rows (Q, size),
+        among the `allowed` rows only when given (FAISS versions)."""
         if family not in self._indexes:
             raise UnsupportedMetricError(
                 f"index version {self.manifest.version} has no {family!r} index"
@@ -115,7 +121,9 @@ class IndexVersion:
         if size < 1:
             raise ValueError(f"shortlist size must be >= 1; got {size}")
         mu_q = np.ascontiguousarray(mu_q, dtype=np.float32)  # (Q, D)
-        return self._indexes[family].search(mu_q, logvar_q, size)
+        if allowed is None:
+            return self._indexes[family].search(mu_q, logvar_q, size)
+        return self._indexes[family].search(mu_q, logvar_q, size, allowed=allowed)
 
     def metadata(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         """Metadata {"id", "text" or "uri", "extra"} of each row, in the order given."""
@@ -124,6 +132,20 @@ class IndexVersion:
     def record(self, item_id: str) -> dict[str, Any] | None:
         """Metadata of the item with this id (ids are unique in a version); None if unknown."""
         return self._metadata.find(item_id)
+
+    def row_of(self, item_id: str) -> int | None:
+        """The row of the item with this id; None if unknown."""
+        return self._metadata.row_of(item_id)
+
+    @property
+    def metadata_db(self) -> sqlite3.Connection:
+        """The read-only metadata connection (for filters computed in SQL); use under
+        `metadata_lock`."""
+        return self._metadata.db
+
+    @property
+    def metadata_lock(self) -> threading.Lock:
+        return self._metadata.lock
 
     def close(self) -> None:
         """Release the FAISS indexes, the memory maps and the metadata connection."""
@@ -155,9 +177,9 @@ class MetadataReader:
         if not path.is_file():
             raise ManifestError(f"metadata file {path} is missing")
         uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
-        self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        self._lock = threading.Lock()
-        self.count = self._db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
+        self.db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        self.lock = threading.Lock()
+        self.count = self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 
     def lookup(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         wanted = [int(r) for r in rows]
@@ -165,12 +187,12 @@ class MetadataReader:
         if bad:
             raise ValueError(f"rows {bad[:5]} out of range 0..{self.count - 1}")
         found: dict[int, dict[str, Any]] = {}
-        with self._lock:
+        with self.lock:
             for start in range(0, len(wanted), 500):
                 chunk = sorted(set(wanted[start : start + 500]))
                 marks = ",".join("?" * len(chunk))
                 query = f"SELECT row, id, text, uri, extra FROM items WHERE row IN ({marks})"
-                for row, item_id, text, uri, extra in self._db.execute(query, chunk):
+                for row, item_id, text, uri, extra in self.db.execute(query, chunk):
                     record: dict[str, Any] = {"id": item_id, "extra": json.loads(extra)}
                     if text is not None:
                         record["text"] = text
@@ -180,10 +202,15 @@ class MetadataReader:
         return [found[r] for r in wanted]
 
     def find(self, item_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            found = self._db.execute("SELECT row FROM items WHERE id = ?", (item_id,)).fetchone()
-        return None if found is None else self.lookup([found[0]])[0]
+        row = self.row_of(item_id)
+        return None if row is None else self.lookup([row])[0]
+
+    def row_of(self, item_id: str) -> int | None:
+        """The row of the item with this id (ids are unique), or None."""
+        with self.lock:
+            found = self.db.execute("SELECT row FROM items WHERE id = ?", (item_id,)).fetchone()
+        return None if found is None else int(found[0])
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        with self.lock:
+            self.db.close()

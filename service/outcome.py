@@ -329,7 +329,7 @@ def _unfamiliar(
     """Per result row (in `rows` order): past the gate or not; None without a verdict."""
     if gate is not None:
         dets = np.concatenate([log_dets[q, :top] for q, top in enumerate(tops)])
-        novelty = None if index.novelty is None else np.asarray(index.novelty)[rows]
+        novelty = None if index.novelty is None else np.asarray(index.novelty[rows])
         flags = gate.flags(dets, novelty)
         if flags is not None:
             return flags.tolist()

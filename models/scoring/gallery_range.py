@@ -79,7 +79,12 @@ _lock = threading.Lock()
 
 def gallery_range(mu: np.ndarray) -> GalleryRange:
     """The GalleryRange of a gallery's means, computed once per array object (an index
-    version's memory-mapped mu.npy) and forgotten when the array is."""
+    version's memory-mapped mu.npy) and forgotten when the array is.
+
+    A live gallery's rows (indexer.live_state.RowArrays) name their `range_source`, the
+    version's own means: the few items added since it was built are summarised when a
+    compaction makes them a version, not on every write."""
+    mu = getattr(mu, "range_source", mu)
     key = id(mu)
     with _lock:
         entry = _ranges.get(key)
