@@ -240,6 +240,97 @@ def gc(
         typer.echo(f"removed what dead jobs left: {', '.join(debris)}")
 
 
+ModelOpt = Annotated[Path | None, typer.Option("--model", help="Model dir [env PROBSEARCH_MODEL].")]
+
+
+@index_app.command("add")
+def add(
+    modality: ModalityOpt,
+    source: Annotated[
+        Path, typer.Option(help="Captions .jsonl, image folder or dataset dir, as reindex reads.")
+    ],
+    model: ModelOpt = None,
+    index_root: RootOpt = None,
+    redis_url: RedisOpt = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = 64,
+) -> None:
+    """Add the source's items to the active version without a rebuild (an id the gallery
+    holds is replaced); running services serve them on their next request."""
+    from indexer.live_writes import add_items
+    from indexer.threads import apply_thread_budget
+    from models.onnx.encoder_runtime import OnnxEncoder
+
+    registry = _registry(index_root, redis_url)
+    settings = settings_from({"model": model})
+    threads = apply_thread_budget(thread_budget("batch", settings.threads))
+    model_dir = required(settings, "model", "--model")
+
+    def body() -> Any:
+        encoder = OnnxEncoder(model_dir, modality, "auto", batch_size, threads)  # type: ignore[arg-type]
+        return add_items(registry, modality, source, encoder, batch_size)
+
+    summary = _run(body)
+    typer.echo(
+        f"added {summary.written} items to {modality} version {summary.version}"
+        f" ({len(summary.skipped)} skipped); the gallery holds {summary.live_items}"
+    )
+    for bad in summary.skipped[:10]:
+        typer.echo(f"  skipped {bad.id}: {bad.detail}")
+
+
+@index_app.command("delete")
+def delete(
+    modality: ModalityOpt,
+    ids: Annotated[
+        Path, typer.Option(help="File of item ids: one per line, or JSON lines with an id.")
+    ],
+    index_root: RootOpt = None,
+    redis_url: RedisOpt = None,
+) -> None:
+    """Delete items from the active version without a rebuild."""
+    from indexer.live_writes import delete_items, read_ids
+
+    registry = _registry(index_root, redis_url)
+    summary = _run(lambda: delete_items(registry, modality, read_ids(ids)))
+    typer.echo(
+        f"deleted {summary.written} items from {modality} version {summary.version}; the "
+        f"gallery holds {summary.live_items}"
+    )
+    if summary.missing:
+        shown = ", ".join(summary.missing[:10])
+        typer.echo(f"{len(summary.missing)} ids were not in the gallery: {shown}")
+
+
+@index_app.command("compact")
+def compact_gallery(
+    modality: ModalityOpt,
+    index_root: RootOpt = None,
+    redis_url: RedisOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Fold the active version's added and deleted items into a new version (re-encoding
+    nothing) and activate it; writes made meanwhile are kept."""
+    import json
+    from dataclasses import asdict
+
+    from indexer.build import default_memory_budget
+    from indexer.compaction import compact
+
+    registry = _registry(index_root, redis_url)
+    _setup_logging()
+    result = _run(lambda: compact(registry, modality, default_memory_budget()))
+    if as_json:
+        typer.echo(json.dumps(asdict(result)))
+    elif result.new_version is None:
+        typer.echo(f"nothing to compact: {modality} version {result.old_version} has no writes")
+    else:
+        typer.echo(
+            f"compacted {modality} version {result.old_version} into {result.new_version}: "
+            f"{result.items} items ({result.folded_writes} writes folded, "
+            f"{result.copied_writes} made meanwhile copied); activated"
+        )
+
+
 @app.command()
 def calibrate(
     data: Annotated[Path, typer.Option(help="Dataset dir with the held-out queries.")],
@@ -310,3 +401,7 @@ def _calibration_line(modality: str, version: str, result: Any) -> str:
         f"{100 * result.kept_precision:.1f}% (all queries: {100 * result.accuracy:.1f}%)"
         f"{result.gate_note()}{met}"
     )
+
+
+if __name__ == "__main__":  # a service starts `python -m indexer.cli index compact`
+    app()

@@ -135,6 +135,15 @@ class Settings(BaseSettings):
         "the file-descriptor limit less 256 for the service's own files, at least 64.",
     )
 
+    # Live galleries (items added and deleted without a rebuild).
+    compact_at_rows: int = Field(
+        10_000,
+        ge=0,
+        description="Items added to a gallery since its version was built past which the "
+        "service compacts it into a new version in the background (a process of its own); "
+        "0: only on demand (POST /admin/compact, `probsearch index compact`).",
+    )
+
     # Request limits.
     max_text_chars: int = Field(1000, ge=1)
     max_image_bytes: int = Field(10 * 1024 * 1024, ge=1)

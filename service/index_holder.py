@@ -19,28 +19,36 @@ import redis
 
 from indexer.active_record import ActiveRecord
 from indexer.calibration_inheritance import uncalibrated_metrics
+from indexer.live_index import LiveIndex, VersionMovedError, WriteResult
+from indexer.live_log import Entry, LiveLogError
 from indexer.registry import ActiveRegistry, ActiveSides
 from indexer.shortlist import ShortlistBackend
 from indexer.store import IndexVersion, open_version
 from service.cache import REDIS_ERRORS, Backoff, redis_connection_kwargs
 from service.errors import IndexUnavailableError
 from service.metrics import ServiceMetrics
+from service.outage_log import OutageLog
 
 log = logging.getLogger(__name__)
 
 
 class LoadedIndex:
-    """One open index version plus the count of requests using it."""
+    """One open index version (with its live writes) plus the count of requests using it."""
 
-    def __init__(
-        self, modality: str, version: str, index: IndexVersion, generation: int = 0
-    ) -> None:
+    def __init__(self, modality: str, version: str, index: LiveIndex, generation: int = 0) -> None:
         self.modality = modality
         self.version = version
         self.generation = generation  # of the activation it was loaded for
         self.index = index
         self.in_flight = 0
         self.retired = False
+
+    @property
+    def cache_version(self) -> str:
+        """What the result cache keys answers by: the version, and the live writes it serves
+        (their log offset), so an answer never outlives a write that would change it."""
+        offset = self.index.live_offset
+        return self.version if offset == 0 else f"{self.version}+{offset}"
 
 
 def calibration_warning(loaded: LoadedIndex) -> str:
@@ -107,18 +115,21 @@ class IndexHolder:
         self._load_lock = threading.Lock()  # one version load at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._log_failures = OutageLog(log, "reading a live gallery's log")
 
     # ----- serving -----------------------------------------------------------------------
 
     @contextmanager
     def acquire(self, modality: str) -> Iterator[LoadedIndex]:
-        """Pin the current version of `modality` for the duration of a request."""
+        """Pin the current version of `modality` for the duration of a request, with the
+        live writes logged so far (by this process or any other)."""
         with self._lock:
             loaded = self._current.get(modality)
             if loaded is None:
                 raise IndexUnavailableError(self.unavailable_message(modality))
             loaded.in_flight += 1
         try:
+            self._catch_up(loaded)
             yield loaded
         finally:
             with self._lock:
@@ -126,6 +137,41 @@ class IndexHolder:
                 close_now = loaded.retired and loaded.in_flight == 0
             if close_now:
                 self._close(loaded)
+
+    def _catch_up(self, loaded: LoadedIndex) -> None:
+        try:
+            loaded.index.refresh()
+        except (OSError, LiveLogError) as error:  # serve what was read; say so once
+            self._log_failures.failed(error)
+        else:
+            if self._log_failures.count:
+                self._log_failures.succeeded()
+
+    def write(self, modality: str, entries: list[Entry]) -> tuple[WriteResult, str]:
+        """Log `entries` to the active version of `modality` and serve them; the result and
+        the version written. A compaction that activates another version meanwhile sends
+        the write there (VersionMovedError, then a refresh)."""
+        for _ in range(3):
+            with self.acquire(modality) as loaded:
+                try:
+                    result = loaded.index.write(
+                        entries, still_active=lambda: self._is_active(modality, loaded.version)
+                    )
+                    return result, loaded.version
+                except VersionMovedError:
+                    pass
+            self.refresh([modality])
+        raise IndexUnavailableError(
+            f"the active {modality} version changed three times during one write; retry"
+        )
+
+    def _is_active(self, modality: str, version: str) -> bool:
+        record = self._active_record(modality)
+        return record is not None and record.version == version
+
+    def registry(self) -> ActiveRegistry:
+        """The registry this holder reads the active versions from (Redis when configured)."""
+        return self._redis_registry or self._file_registry
 
     def versions(self) -> dict[str, str | None]:
         """The version served per gallery (None where none is loaded)."""
@@ -239,7 +285,7 @@ class IndexHolder:
                 return
             path = self._file_registry.version_path(modality, record.version)
             try:
-                index = open_version(path, device=self._device, backend=self._backend)
+                version = open_version(path, device=self._device, backend=self._backend)
             except (ValueError, OSError) as error:
                 log.error(
                     "cannot open %s index %s (%s); keeping the current one",
@@ -250,10 +296,11 @@ class IndexHolder:
                 return
             try:
                 if self._check is not None:
-                    self._check(index)
-            except ValueError as error:
+                    self._check(version)
+                index = LiveIndex(version)
+            except (ValueError, OSError) as error:
                 log.error("refusing %s index %s: %s", modality, record.version, error)
-                index.close()
+                version.close()
                 return
             self._swap(LoadedIndex(modality, record.version, index, record.generation))
 

@@ -6,6 +6,7 @@ from models.onnx.encoder_runtime import OnnxEncoder
 from models.settings import Settings
 from service.batching import MicroBatcher
 from service.cache import ResultCache
+from service.compactor import Compactor
 from service.image_decode import ImageDecoder
 from service.index_holder import IndexHolder
 from service.metrics import ServiceMetrics
@@ -30,5 +31,6 @@ class Services:
     image_batcher: MicroBatcher[
         Query, SearchResponse
     ]  # image queries; text and embeddings: batcher
+    compactor: Compactor
     redis_health: RedisHealth | None = None
     searches_in_flight: int = 0  # between cache lookup and result (service.http.search_flow)

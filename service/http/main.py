@@ -24,6 +24,7 @@ from models.settings import Settings
 from models.threads import thread_budget
 from service.batching import MicroBatcher
 from service.cache import ResultCache
+from service.compactor import Compactor
 from service.errors import HANDLED_ERRORS, TooManyFailedAttemptsError, status_of
 from service.gallery_stats import GalleryStats
 from service.http.auth_limit import FailedAuthLimiter
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodySizeLimitMiddleware,
         max_bytes=settings.max_body_bytes,
         max_json_bytes=settings.max_json_bytes,
-        large_paths=search.IMAGE_PATHS,
+        large_paths=search.IMAGE_PATHS | items.IMAGE_PATHS,
     )
     app.add_middleware(BodyReadTimeoutMiddleware, timeout_s=settings.request_body_timeout_s)
     if settings.cors_origins:
@@ -107,7 +108,7 @@ def _include_routers(app: FastAPI, settings: Settings) -> None:
     else:
         log.info("search endpoints are open: no API key needed (require_api_key_for_search)")
         app.include_router(search.router)
-    for router in (health.router, admin.router, items.router, page.router):
+    for router in (health.router, admin.router, items.router, items.writes, page.router):
         app.include_router(router)
 
 
@@ -216,7 +217,8 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
     decoder = ImageDecoder(config.image_size, max_pixels, concurrent, settings.decode_nice)
     return Services(
         settings, metrics, holder, encoders, searcher, batcher, cache, config.name,
-        decoder=decoder, image_batcher=image_batcher, redis_health=health,
+        decoder=decoder, image_batcher=image_batcher, compactor=Compactor(holder, settings),
+        redis_health=health,
     )  # fmt: skip
 
 

@@ -185,6 +185,67 @@ class ReloadResponse(BaseModel):
     active: dict[str, str | None]
 
 
+class ItemWriteRequest(BaseModel):
+    """POST /v1/items: add an item to a gallery, or replace the item of the same id. Send
+    exactly one of text (a caption, for the caption gallery), image_base64 (a picture, for
+    the image gallery), mu and logvar, or features (a backbone vector); the last two name
+    their gallery."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["text"]},
+                {"required": ["image_base64"]},
+                {"required": ["mu", "logvar", "gallery"]},
+                {"required": ["features", "gallery"]},
+            ]
+        },
+    )
+
+    id: str = Field(min_length=1, max_length=512, description="The item's id in its gallery.")
+    gallery: Literal["image", "text"] = Field(  # type: ignore[assignment]
+        None, description="The gallery to add to; implied by text (text) and image_base64 (image)."
+    )
+    text: str = Field(None, min_length=1, description="A caption.")  # type: ignore[assignment]
+    image_base64: str = Field(  # type: ignore[assignment]
+        None, min_length=1, description="A picture's file bytes, standard base64."
+    )
+    mu: list[MuValue] = Field(None, min_length=1)  # type: ignore[valid-type,assignment]
+    logvar: list[LogvarValue] = Field(None, min_length=1)  # type: ignore[valid-type,assignment]
+    features: list[FeatureValue] = Field(None, min_length=1)  # type: ignore[valid-type,assignment]
+    uri: str = Field(  # type: ignore[assignment]
+        None,
+        max_length=4096,
+        description="Where the picture's file is, relative to the gallery's image root (what "
+        "GET /v1/items/{id}/image serves); the service does not keep uploaded files.",
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="The item's fields (what filters and results show)."
+    )
+
+
+class ItemWriteResponse(BaseModel):
+    """POST /v1/items and DELETE /v1/items/{id}: the write is durable and searched."""
+
+    id: str
+    gallery: str
+    index_version: str = Field(description="The version whose log took the write.")
+    live_items: int = Field(description="Items the gallery holds now.")
+
+
+class CompactResponse(BaseModel):
+    """POST /admin/compact."""
+
+    gallery: str
+    old_version: str
+    new_version: str | None = Field(description="None: no write to fold in.")
+    items: int
+    folded_writes: int
+    copied_writes: int = Field(description="Writes logged during the build, copied over.")
+
+
 def _error_response(description: str) -> dict[str, Any]:
     return {"model": ErrorResponse, "description": description}
 

@@ -47,14 +47,13 @@ async def answer(services: Services, ask: QueryInput, start: float) -> Answer:
         query_part.update(ask.identity)
         seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
         request_hash = _digest({**query_part, "gallery": ask.gallery, "params": vars(params)})
-        key = cache_key(services.holder.namespace, loaded.version, request_hash)
+        key = cache_key(services.holder.namespace, loaded.cache_version, request_hash)
         found = await _cached_or_searched(services, ask, params, loaded, key, seed)
     if isinstance(found, bytes):
         return Answer(found, cache_hit=True)
     found.timings_ms.total = 1000 * (time.perf_counter() - start)
     body = response_json(found)
     _observe(services, found)
-    key = cache_key(services.holder.namespace, found.index_version, request_hash)
     services.cache.store(key, body)
     return Answer(body, cache_hit=False)
 
@@ -92,13 +91,13 @@ async def _query(
     if ask.image_bytes is None:
         return ask.query(params, seed, loaded)
     start = time.perf_counter()
-    image = await _decode(services, ask.image_bytes)
+    image = await decode_image(services, ask.image_bytes)
     decode_ms = 1000 * (time.perf_counter() - start)
     services.metrics.observe_stage("decode", decode_ms)
     return ask.query(params, seed, loaded, image, decode_ms)
 
 
-async def _decode(services: Services, data: bytes) -> Image.Image:
+async def decode_image(services: Services, data: bytes) -> Image.Image:
     """Decode in the decoder's pool; a file of no image format at all is a 415, not a 422."""
     try:
         return await services.decoder.decode(data)

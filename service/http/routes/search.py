@@ -4,10 +4,8 @@
 import hashlib
 import time
 
-import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from service.errors import InvalidQueryError
 from service.http.deps import ServicesDep
 from service.http.image_request import read_image_request
 from service.http.json_request import json_body_schema, read_json_request
@@ -19,6 +17,7 @@ from service.http.schemas import (
     TextSearchRequest,
 )
 from service.http.search_flow import Answer, answer
+from service.http.vectors import backbone_vector, gaussian
 from service.outcome import SearchResponse
 from service.searcher import GALLERY_OF_KIND, QueryInput
 
@@ -85,36 +84,15 @@ async def search_embedding(request: Request, services: ServicesDep) -> Response:
     body = await read_json_request(request, EmbeddingSearchRequest)
     options = body.options()
     if body.features is not None:
-        features = _vector(body.features, services.settings.max_embedding_dim)
+        features = backbone_vector(body.features, services.settings.max_embedding_dim)
         identity = {"features": body.features}
         ask = QueryInput("vector", body.gallery, options, identity, features=features)
     else:
-        mu, logvar = _embedding(body, services.settings.max_embedding_dim)
+        assert body.mu is not None and body.logvar is not None
+        mu, logvar = gaussian(body.mu, body.logvar, services.settings.max_embedding_dim)
         identity = {"mu": body.mu, "logvar": body.logvar}
         ask = QueryInput("embedding", body.gallery, options, identity, mu=mu, logvar=logvar)
     return _respond(await answer(services, ask, start))
-
-
-def _vector(values: list[float], max_dim: int) -> np.ndarray:
-    """A backbone vector as float32 (its width is checked by the heads that read it)."""
-    if len(values) > max_dim:
-        raise InvalidQueryError(f"features has {len(values)} values; the limit is {max_dim}")
-    return np.asarray(values, np.float32)
-
-
-def _embedding(body: EmbeddingSearchRequest, max_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """mu and logvar as float32 arrays, after the checks the schema cannot express."""
-    assert body.mu is not None and body.logvar is not None
-    if len(body.mu) != len(body.logvar):
-        raise InvalidQueryError(
-            f"mu has {len(body.mu)} values and logvar {len(body.logvar)}; they must match"
-        )
-    if len(body.mu) > max_dim:
-        raise InvalidQueryError(f"embedding has {len(body.mu)} dimensions; the limit is {max_dim}")
-    float32_max = float(np.finfo(np.float32).max)
-    if max(map(abs, body.mu + body.logvar)) > float32_max:
-        raise InvalidQueryError(f"mu and logvar must fit in float32 (|x| <= {float32_max:.3g})")
-    return np.asarray(body.mu, np.float32), np.asarray(body.logvar, np.float32)
 
 
 def _respond(result: Answer) -> Response:
