@@ -37,6 +37,14 @@ T = TypeVar("T")
 TIMEOUT_S = 10.0  # one Milvus call; then the shortlist counts as unavailable
 MAX_TOP_K = 16384  # Milvus's largest limit per search
 
+# pymilvus logs each failed call itself: an ERROR with the traceback per RPC (decorators) and a
+# WARNING with the traceback per failed reconnect (connection_manager). In a 30 s Milvus
+# outage at 8 clients that was 21 MB of log, 11,453 tracebacks (benchmarks/milvus_outage.py).
+# Every failure of a call made through MilvusConnection reaches its caller as an exception
+# chained to pymilvus's (the search batcher logs it once per outage with a count, /readyz
+# answers it), so these loggers pass only CRITICAL once a connection is made.
+PYMILVUS_FAILURE_LOGGERS = ("pymilvus.decorators", "pymilvus.client.connection_manager")
+
 
 class MilvusMissingError(ValueError):
     """The milvus backend is configured but pymilvus is not installed."""
@@ -86,6 +94,8 @@ class MilvusConnection:
         self.uri = uri
         self.timeout_s = timeout_s
         self._pymilvus = import_pymilvus()
+        for name in PYMILVUS_FAILURE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         self._client: Any = None
         self._lock = threading.Lock()
 
