@@ -182,7 +182,7 @@ class LiveIndex:
         """Candidate rows (Q, C) for the exact re-rank, as IndexVersion.shortlist, over the
         live items (those `row_filter` matches when given); -1 padded, repeats allowed."""
         state = self._state
-        if not state.changed and row_filter is None:
+        if self._offset == 0 and row_filter is None:  # the version as built
             return self.version.shortlist(metric, mu_q, logvar_q, size)
         if not self.version.supports(metric):
             return self.version.shortlist(metric, mu_q, logvar_q, size)  # raises, saying why

@@ -182,6 +182,7 @@ class SearchResponse:
     index_version: str
     model: str
     timings_ms: Timings
+    matched: int | None = None  # items the request's filter matched; None: no filter
 
 
 _RESPONSE = TypeAdapter(SearchResponse)

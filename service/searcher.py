@@ -20,6 +20,8 @@ import torch
 from PIL import Image
 
 from indexer.calibration_inheritance import familiarity_gate, uncalibrated_metrics
+from indexer.live_index import LiveWriteError
+from indexer.metadata_filter import FilterError, MetadataFilter
 from indexer.store import UnsupportedMetricError
 from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import METRICS
@@ -68,6 +70,13 @@ class SearchParams:
     temperature: float | None
     reject_threshold: float | None
     return_embedding: bool
+    filter: MetadataFilter | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """The options as JSON values (what the result cache keys on)."""
+        values = dict(vars(self))
+        values["filter"] = None if self.filter is None else self.filter.cache_key()
+        return values
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,7 @@ class Searcher:
         temperature: float | None = None,
         reject_threshold: float | None = None,
         return_embedding: bool = False,
+        filter: dict[str, Any] | None = None,
     ) -> SearchParams:
         """A request's options checked against the configured limits and the version it was
         pinned to, with the defaults filled in (None: the default): the metric `gallery` is
@@ -230,6 +240,7 @@ class Searcher:
             temperature=temperature,
             reject_threshold=reject_threshold,
             return_embedding=return_embedding,
+            filter=_parsed_filter(filter),
         )
 
     def _check_metric(self, loaded: LoadedIndex, metric: str, named: bool) -> None:
@@ -373,8 +384,8 @@ class Searcher:
                 plans.append(self._plan(loaded, position, queries[position], encoded[position]))
             except InvalidQueryError as error:
                 results[position] = error
-        for (shortlist_metric, size), group in _grouped(
-            plans, lambda p: (p.shortlist_metric, p.size)
+        for (shortlist_metric, size, _), group in _grouped(
+            plans, lambda p: (p.shortlist_metric, p.size, _filter_key(p))
         ).items():
             if shortlist_metric == MAX_PAIR:  # pvse: ranked exactly by indexer.multivector
                 for plan in group:
@@ -390,12 +401,18 @@ class Searcher:
         size: int,
         results: list,
     ) -> None:
-        """Queries of one shortlist index and size: one index call, then one models.scoring
-        call per metric and draw count."""
+        """Queries of one shortlist index, size and filter: one index call, then one
+        models.scoring call per metric and draw count."""
         start = time.perf_counter()
         mu_q, logvar_q = _stacked(plans)  # (Q, D) each
+        row_filter = plans[0].query.params.filter
         try:
-            rows = loaded.index.shortlist(shortlist_metric, mu_q, logvar_q, size)  # (Q, C)
+            rows = loaded.index.shortlist(shortlist_metric, mu_q, logvar_q, size, row_filter)
+            matched = None if row_filter is None else loaded.index.matching_count(row_filter)
+        except LiveWriteError as refused:  # a filter on a version that cannot take one
+            for plan in plans:
+                results[plan.position] = InvalidQueryError(str(refused))
+            return
         except UnsupportedMetricError:  # a query built below the edge (params checks requests)
             error = InvalidQueryError(
                 f"metric {plans[0].metric!r} is not available in the {plans[0].query.gallery} "
@@ -416,7 +433,9 @@ class Searcher:
         )
         for members in same_scoring.values():
             group = [plan for _, plan in members]
-            outcomes = self._finish(loaded, group, rows[[i for i, _ in members]], shortlist_ms)
+            outcomes = self._finish(
+                loaded, group, rows[[i for i, _ in members]], shortlist_ms, matched
+            )
             for plan, outcome in zip(group, outcomes, strict=True):
                 results[plan.position] = outcome
 
@@ -462,16 +481,27 @@ class Searcher:
                 f"index {loaded.version} holds {dim}-dimensional embeddings"
             )
         metric, size = query.params.metric, query.params.shortlist
+        if metric == MAX_PAIR and query.params.filter is not None:
+            raise InvalidQueryError(
+                "a filter cannot be applied to max_pair (pvse's K-vector search); use another "
+                f"metric: {', '.join(m for m in self.available_metrics(loaded) if m != MAX_PAIR)}"
+            )
         if metric == MAX_PAIR:
             check_max_pair(loaded.index, query.gallery, enc.embeddings)
             return _Plan(position, query, enc, metric, MAX_PAIR, size)
         return _Plan(position, query, enc, metric, self.shortlist_metric(metric), size)
 
     def _finish(
-        self, loaded: LoadedIndex, plans: list[_Plan], rows: np.ndarray, shortlist_ms: float
+        self,
+        loaded: LoadedIndex,
+        plans: list[_Plan],
+        rows: np.ndarray,
+        shortlist_ms: float,
+        matched: int | None = None,
     ) -> list[SearchResponse]:
         """Re-rank, score and answer queries of one metric, shortlist size and draw count, with
-        the one models.scoring call calibration makes too."""
+        the one models.scoring call calibration makes too; `matched`: the items their filter
+        matches."""
         settings = [_score_settings(loaded, plan) for plan in plans]
         temperatures = sorted({s.temperature for s in settings})
         captions = plans[0].query.gallery == "image"  # an image gallery is searched by text
@@ -485,13 +515,21 @@ class Searcher:
         timings = {"shortlist": shortlist_ms, **scored.timings_ms}
         posteriors, ks = [s.posterior[j] for s, j in found], [p.query.params.k for p in plans]
         hits = hit_lists(index, ranked, posteriors, ks, self._item_gate(loaded))
+        outcomes = zip(plans, settings, found, ranked.counts, hits, strict=True)
         return [
             _outcome(
-                loaded, plan, setting, scores, j, int(count), hit_list, timings, self.model_name
+                loaded,
+                plan,
+                setting,
+                scores,
+                j,
+                int(count),
+                hit_list,
+                timings,
+                self.model_name,
+                matched,
             )
-            for plan, setting, (scores, j), count, hit_list in zip(
-                plans, settings, found, ranked.counts, hits, strict=True
-            )
+            for plan, setting, (scores, j), count, hit_list in outcomes
         ]
 
     def _item_gate(self, loaded: LoadedIndex) -> ItemGate | None:
@@ -532,6 +570,7 @@ def _outcome(
     hits: list[SearchHit],
     timings: dict[str, float],
     model: str,
+    matched: int | None = None,
 ) -> SearchResponse:
     """The answer of the query at position j of `scores`."""
     params, enc = plan.query.params, plan.encoded
@@ -547,6 +586,7 @@ def _outcome(
         index_version=loaded.version,
         model=model,
         timings_ms=Timings(encode=enc.encode_ms, **timings),
+        matched=matched,
     )
 
 
@@ -554,6 +594,20 @@ def _score_settings(loaded: LoadedIndex, plan: _Plan) -> ScoreSettings:
     params = plan.query.params
     calibration = loaded.index.manifest.calibration.get(plan.metric)
     return ScoreSettings.of(calibration, params.temperature, params.reject_threshold)
+
+
+def _parsed_filter(spec: dict[str, Any] | None) -> MetadataFilter | None:
+    if spec is None:
+        return None
+    try:
+        return MetadataFilter.parse(spec)
+    except FilterError as error:
+        raise InvalidQueryError(f"filter: {error}") from None
+
+
+def _filter_key(plan: _Plan) -> str | None:
+    row_filter = plan.query.params.filter
+    return None if row_filter is None else row_filter.cache_key()
 
 
 def _grouped(items: Sequence[_T], key: Callable[[_T], Hashable]) -> dict[Hashable, list[_T]]:

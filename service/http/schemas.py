@@ -91,6 +91,14 @@ class SearchOptions(BaseModel):
         "queries the familiarity gate for images unlike the training images).",
     )
     return_embedding: bool = Field(False, description="Return the query's mu and logvar.")
+    filter: dict[str, Any] | None = Field(
+        None,
+        description="Only items whose metadata match, searched inside the index: "
+        '{"field": value} (equality; on a list field such as labels, any element), '
+        '{"field": {"in": [values]}}, {"field": {"gte"/"gt"/"lte"/"lt": number}}; several '
+        "fields must all hold. Fields: id, or any field of the items' metadata (split, "
+        "labels, or a source's own). The answer's `matched` counts the items that match.",
+    )
 
     def options(self) -> dict[str, Any]:
         """The search options alone (not the query), by name: Searcher.params' arguments."""

@@ -46,7 +46,7 @@ async def answer(services: Services, ask: QueryInput, start: float) -> Answer:
         query_part = {"kind": ask.kind, "model": services.model_name, "mc": params.mc_samples}
         query_part.update(ask.identity)
         seed = int(_digest(query_part)[:16], 16) >> 1  # 63 bits
-        request_hash = _digest({**query_part, "gallery": ask.gallery, "params": vars(params)})
+        request_hash = _digest({**query_part, "gallery": ask.gallery, "params": params.identity()})
         key = cache_key(services.holder.namespace, loaded.cache_version, request_hash)
         found = await _cached_or_searched(services, ask, params, loaded, key, seed)
     if isinstance(found, bytes):

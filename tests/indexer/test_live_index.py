@@ -16,7 +16,6 @@ from indexer.live_index import LiveIndex, LiveWriteError, VersionMovedError
 from indexer.live_log import Delete, LiveLog, Put
 from indexer.registry import ActiveRegistry
 from indexer.store import open_version
-from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import pairwise_distance
 from models.scoring.rerank import rerank_batch
 from tests.indexer.synthetic import clustered_gaussians, nearby_queries, write_synthetic_version
@@ -112,7 +111,7 @@ def test_live_search_equals_brute_force_over_the_live_items(
         elif op == "put-added" and added:
             live.write([_put(added[value % len(added)], value)])
         elif op == "delete":
-            pool = added + [f"item-{value % 10}"]
+            pool = [*added, f"item-{value % 10}"]
             live.write([Delete(pool[value % len(pool)])])
     _assert_exact(live)
     ids = _live_items(live)[0]

@@ -181,3 +181,80 @@ def test_writes_survive_a_restart_and_a_compaction_keeps_the_answers(
     assert restarted == before and before[0] == "added-0" and first_id not in before
     assert [h["id"] for h in after["results"]] == before
     assert after["index_version"] == result["new_version"]
+
+
+def _filtered_brute_force(server, gallery, mu, logvar, metric, k, spec):
+    """Top-k ids over the live items the filter matches, matched in Python record by record."""
+    from indexer.metadata_filter import MetadataFilter
+
+    wanted = MetadataFilter.parse(spec)
+    with server.services.holder.acquire(gallery) as loaded:
+        live = loaded.index
+        state = live.snapshot()[0]
+        rows = [
+            r for r in range(state.base_count) if state.base_dead is None or not state.base_dead[r]
+        ]
+        rows += state.alive_segment_rows().tolist()
+        records = live.metadata(rows)
+        rows = np.array(
+            [r for r, record in zip(rows, records, strict=True) if wanted.matches(record)]
+        )
+        if len(rows) == 0:
+            return [], 0
+        distances = pairwise_distance(
+            metric, torch.tensor([mu]), torch.tensor([logvar]),
+            torch.from_numpy(np.asarray(live.mu[rows], np.float32)),
+            torch.from_numpy(np.asarray(live.logvar[rows], np.float32)),
+        )[0].numpy()  # fmt: skip
+        order = np.argsort(distances, kind="stable")[:k]
+        return [r["id"] for r in live.metadata(rows[order].tolist())], len(rows)
+
+
+def test_filtered_searches_equal_brute_force_over_the_matching_items(
+    live_server: ServerThread, artifacts: Artifacts
+) -> None:
+    mu, logvar, _ = _row(artifacts, "image", artifacts.image_v1, 21)
+    with live_server.services.holder.acquire("image") as loaded:
+        five = [loaded.index.metadata([r])[0]["id"] for r in (2, 40, 41, 90, 150)]
+    filters = [{"split": "test"}, {"split": {"in": ["val", "test"]}}, {"id": {"in": five}}]
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        item = {"id": "tagged", "gallery": "image", "mu": mu, "logvar": logvar,
+                "metadata": {"split": "test", "shop": "north", "price": 12.5}}  # fmt: skip
+        assert http.post("/v1/items", json=item, headers=ADMIN).status_code == 200
+        filters += [{"shop": "north"}, {"price": {"gte": 10, "lt": 20}}]
+        for spec in filters:
+            for metric in ("w2", "kl", "min_kl"):
+                body = {"gallery": "image", "mu": mu, "logvar": logvar, "k": 10,
+                        "metric": metric, "filter": spec}  # fmt: skip
+                response = http.post("/search/embedding", json=body)
+                assert response.status_code == 200, response.text
+                got = [h["id"] for h in response.json()["results"]]
+                want, matched = _filtered_brute_force(
+                    live_server, "image", mu, logvar, metric, 10, spec
+                )
+                assert got == want, (spec, metric)
+                assert response.json()["matched"] == matched, spec
+        five_found = http.post(
+            "/search/embedding",
+            json={
+                "gallery": "image",
+                "mu": mu,
+                "logvar": logvar,
+                "k": 10,
+                "filter": {"id": {"in": five}},
+            },
+        ).json()
+        bad = http.post(
+            "/search/embedding",
+            json={
+                "gallery": "image",
+                "mu": mu,
+                "logvar": logvar,
+                "filter": {"split": {"like": "t%"}},
+            },
+        )
+        unfiltered = _search(http, "image", mu, logvar).json()
+    assert sorted(h["id"] for h in five_found["results"]) == sorted(five)
+    assert five_found["matched"] == 5
+    assert bad.status_code == 422 and "filter" in bad.json()["detail"]
+    assert unfiltered["matched"] is None
