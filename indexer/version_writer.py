@@ -58,7 +58,7 @@ class MetadataWriter:
                 r["id"],
                 r.get("text"),
                 r.get("uri"),
-                json.dumps(r.get("extra") or {}, sort_keys=True),
+                json.dumps(_finite(r.get("extra") or {}), sort_keys=True, allow_nan=False),
             )
             for i, r in enumerate(records)
         ]
@@ -69,6 +69,18 @@ class MetadataWriter:
         """Commit and close."""
         self._db.commit()
         self._db.close()
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities as null: Python's JSON writes them, but they are no
+    JSON, and SQLite's JSON functions (which filters run on) refuse the whole row."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 metrics a version can and cannot serve, calibration updates."""
 
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,26 @@ def test_a_manifest_written_before_the_novelty_gate_keeps_its_log_det_gate(
                                  "log_det_limit": -120.0}  # fmt: skip
     manifest = Manifest.from_json(json.dumps(data))
     assert manifest.calibration["w2"] == Calibration(0.5, 0.3, "log_det", "log_det", -120.0)
+
+
+def test_non_finite_metadata_is_stored_as_null_so_filters_can_read_every_row(
+    tmp_path: Path,
+) -> None:
+    import math
+
+    from indexer.metadata_filter import MetadataFilter
+    from indexer.version_writer import MetadataWriter
+
+    writer = MetadataWriter(tmp_path / "metadata.sqlite")
+    writer.add([
+        {"id": "a", "extra": {"score": math.nan, "tags": [math.inf, 1.0]}},
+        {"id": "b", "extra": {"score": 2.0}},
+    ])  # fmt: skip
+    writer.close()
+    db = sqlite3.connect(tmp_path / "metadata.sqlite")
+    mask = MetadataFilter.parse({"score": {"gte": 1}}).matching_rows(db, 2)
+    assert mask.tolist() == [False, True]
+    assert json.loads(db.execute("SELECT extra FROM items WHERE id = 'a'").fetchone()[0]) == {
+        "score": None,
+        "tags": [None, 1.0],
+    }
