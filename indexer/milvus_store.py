@@ -94,6 +94,9 @@ class MilvusConnection:
         self.uri = uri
         self.timeout_s = timeout_s
         self._pymilvus = import_pymilvus()
+        import grpc  # loaded with pymilvus
+
+        self._grpc = grpc
         for name in PYMILVUS_FAILURE_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
         self._client: Any = None
@@ -101,7 +104,7 @@ class MilvusConnection:
 
     def call(self, action: Callable[[Any], T]) -> T:
         """action(client); connection failures raise ShortlistUnavailableError."""
-        exception = self._pymilvus.MilvusException
+        exception, grpc = self._pymilvus.MilvusException, self._grpc
         try:
             return action(self._get())
         except exception as e:
@@ -110,6 +113,18 @@ class MilvusConnection:
             self._drop()
             raise ShortlistUnavailableError(
                 f"the Milvus shortlist at {self.uri} is unavailable ({e.message}); retry later"
+            ) from e
+        except grpc.RpcError as e:
+            # A Milvus that hangs (paused, partitioned) lets gRPC's own error through pymilvus:
+            # DEADLINE_EXCEEDED after timeout_s. It was a 500 with uvicorn's traceback per
+            # request (a 30 s SIGSTOP at 8 clients: 103 KB of log), not a 503 logged once.
+            code = e.code() if isinstance(e, grpc.Call) else None
+            if code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                raise
+            self._drop()
+            raise ShortlistUnavailableError(
+                f"the Milvus shortlist at {self.uri} is unavailable ({code.name}: "
+                f"{e.details()}); retry later"
             ) from e
 
     def _get(self) -> Any:
