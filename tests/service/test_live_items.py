@@ -4,6 +4,8 @@ answered from the cache once deleted, and compacted into a new version under the
 
 from __future__ import annotations
 
+import subprocess
+
 import httpx
 import numpy as np
 import pytest
@@ -258,3 +260,57 @@ def test_filtered_searches_equal_brute_force_over_the_matching_items(
     assert five_found["matched"] == 5
     assert bad.status_code == 422 and "filter" in bad.json()["detail"]
     assert unfiltered["matched"] is None
+
+
+def test_the_cli_adds_deletes_and_compacts_and_a_running_server_sees_it(
+    artifacts: Artifacts, service_redis: RedisExecutor, tmp_path
+) -> None:
+    from tests.service.conftest import probsearch
+
+    url = redis_url_of(service_redis, 7)
+    root = copy_index_root(artifacts, tmp_path / "root")
+    captions = tmp_path / "captions.jsonl"
+    captions.write_text(
+        '{"id": "cli-1", "text": "a big green star", "shop": "north"}\n'
+        '{"id": "cli-2", "text": "a tiny red circle"}\n'
+        '{"id": "cli-3", "text": ""}\n'
+    )
+    common = ["--modality", "text", "--index-root", root, "--redis-url", url]
+    settings = make_settings(artifacts, index_root=root, redis_url=url, compact_at_rows=0)
+    with ServerThread(settings) as server:
+        added = probsearch(
+            "index", "add", *common, "--source", captions, "--model", artifacts.model
+        )
+        with server.services.holder.acquire("text") as loaded:
+            seen = loaded.index.record("cli-1"), loaded.index.record("cli-2")
+        ids = tmp_path / "gone.txt"
+        ids.write_text("cli-2\nno-such-id\n")
+        deleted = probsearch("index", "delete", *common, "--ids", ids)
+        with server.services.holder.acquire("text") as loaded:
+            after_delete = loaded.index.record("cli-2")
+        compacted = probsearch("index", "compact", *common)
+        server.services.holder.refresh(["text"])
+        with server.services.holder.acquire("text") as loaded:
+            new_version, kept = loaded.version, loaded.index.record("cli-1")
+            was_live = loaded.index.live_offset
+    assert "added 2 items" in added and "1 skipped" in added and "empty" in added
+    assert seen[0]["extra"] == {"shop": "north"} and seen[1]["text"] == "a tiny red circle"
+    assert "deleted 1 items" in deleted and "1 ids were not in the gallery: no-such-id" in deleted
+    assert after_delete is None
+    assert f"compacted text version {artifacts.text_v1} into {new_version}" in compacted
+    assert kept is not None and kept["extra"] == {"shop": "north"} and was_live == 0
+
+
+def test_the_cli_says_clearly_when_there_is_nothing_to_write_to(tmp_path) -> None:
+    from tests.service.conftest import PROBSEARCH
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text("a\n")
+    done = subprocess.run(
+        [str(PROBSEARCH), "index", "delete", "--modality", "text", "--ids", ids,
+         "--index-root", tmp_path / "empty", "--redis-url", ""],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "no active text version to write to" in done.stderr
+    assert "Traceback" not in done.stderr
