@@ -314,3 +314,25 @@ def test_the_cli_says_clearly_when_there_is_nothing_to_write_to(tmp_path) -> Non
     assert done.returncode != 0
     assert "no active text version to write to" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_service_compacts_a_gallery_by_itself_past_compact_at_rows(
+    artifacts: Artifacts, service_redis: RedisExecutor, tmp_path
+) -> None:
+    from tests.service.conftest import wait_for
+
+    url = redis_url_of(service_redis, 7)
+    root = copy_index_root(artifacts, tmp_path / "root")
+    settings = make_settings(artifacts, index_root=root, redis_url=url, compact_at_rows=2)
+    mu, logvar, _ = _row(artifacts, "image", artifacts.image_v1, 4)
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        for i in range(2):
+            item = {"id": f"auto-{i}", "gallery": "image", "mu": [m + 2.0 + i for m in mu],
+                    "logvar": logvar}  # fmt: skip
+            assert http.post("/v1/items", json=item, headers=ADMIN).status_code == 200
+        holder = server.services.holder
+        wait_for(lambda: holder.versions()["image"] != artifacts.image_v1, 120, "a compaction")
+        top = _search(http, "image", [m + 2.0 for m in mu], logvar, 1).json()
+        served = holder.versions()["image"]
+    assert top["results"][0]["id"] == "auto-0"
+    assert top["index_version"] == served
