@@ -78,6 +78,7 @@ class LiveIndex:
         self._offset = 0
         self._lock = threading.Lock()  # one replay or write at a time
         self._filter_rows: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._state_cache: dict[tuple, tuple[LiveState, Any]] = {}
         self.refresh()
 
     # ----- what the version is ----------------------------------------------------------
@@ -149,7 +150,7 @@ class LiveIndex:
         with self._lock:
             entries, end = self.log.read(self._offset)
             if entries:
-                self._state = self._state.applied(entries, self.version.row_of)
+                self._set_state(self._state.applied(entries, self.version.row_of))
             self._offset = end
 
     # ----- reads ------------------------------------------------------------------------
@@ -169,7 +170,9 @@ class LiveIndex:
     def matching_count(self, row_filter: RowFilter) -> int:
         """Live items the filter matches."""
         state = self._state
-        return self._selection(state, row_filter).count + len(self._segment_rows(state, row_filter))
+        selection = self._selection(state, row_filter)
+        version_rows = state.base_count if selection is None else selection.count
+        return version_rows + len(self._segment_rows(state, row_filter))
 
     def shortlist(
         self,
@@ -190,8 +193,7 @@ class LiveIndex:
         families = candidate_families(metric)
         selection = self._selection(state, row_filter)
         parts = self._version_candidates(families, mu_q, logvar_q, size, selection)
-        segment_rows = self._segment_rows(state, row_filter)
-        parts += _segment_candidates(families, mu_q, logvar_q, size, state, segment_rows)
+        parts += self._segment_candidates(state, families, mu_q, logvar_q, size, row_filter)
         return np.concatenate(parts, axis=1)
 
     def _version_candidates(
@@ -200,8 +202,10 @@ class LiveIndex:
         mu_q: np.ndarray,
         logvar_q: np.ndarray | None,
         size: int,
-        selection: RowSelection,
+        selection: RowSelection | None,
     ) -> list[np.ndarray]:
+        if selection is None:  # every row of the version is live and allowed
+            return [self.version.search_family(f, mu_q, logvar_q, size)[1] for f in families]
         if selection.count <= size:  # so selective that every allowed row is a candidate
             return [np.broadcast_to(selection.rows(), (len(mu_q), selection.count))]
         return [
@@ -209,13 +213,41 @@ class LiveIndex:
             for f in families
         ]
 
-    def _selection(self, state: LiveState, row_filter: RowFilter | None) -> RowSelection:
-        allowed = np.ones(state.base_count, bool)
-        if state.base_dead is not None:
-            allowed &= ~state.base_dead
-        if row_filter is not None:
-            allowed &= self._version_matches(row_filter)
-        return RowSelection(allowed)
+    def _selection(self, state: LiveState, row_filter: RowFilter | None) -> RowSelection | None:
+        """The version's rows a search may return in `state` (None: all of them); its FAISS
+        selector is a bitmap over every row, so it is made once per state and filter."""
+        if state.base_dead is None and row_filter is None:
+            return None
+
+        def make() -> RowSelection:
+            allowed = np.ones(state.base_count, bool)
+            if state.base_dead is not None:
+                allowed &= ~state.base_dead
+            if row_filter is not None:
+                allowed &= self._version_matches(row_filter)
+            return RowSelection(allowed)
+
+        return self._per_state(state, ("selection", _key(row_filter)), make)
+
+    def _per_state(self, state: LiveState, key: tuple, make: Callable[[], Any]) -> Any:
+        """`make()`, remembered while `state` is served (the derived arrays of a state are
+        the same for every query, and a large gallery's cost a pass over all its rows)."""
+        with self._lock:
+            found = self._state_cache.get(key)
+            if found is not None and found[0] is state:
+                return found[1]
+        value = make()
+        with self._lock:
+            if state is self._state:
+                self._state_cache[key] = (state, value)
+                while len(self._state_cache) > 2 * _FILTER_CACHE:
+                    self._state_cache.pop(next(iter(self._state_cache)))
+        return value
+
+    def _set_state(self, state: LiveState) -> None:
+        """Serve `state` (under self._lock); what was derived from the previous one goes."""
+        self._state = state
+        self._state_cache = {}
 
     def _version_matches(self, row_filter: RowFilter) -> np.ndarray:
         key = row_filter.cache_key()
@@ -233,10 +265,45 @@ class LiveIndex:
         return found
 
     def _segment_rows(self, state: LiveState, row_filter: RowFilter | None) -> np.ndarray:
-        rows = state.alive_segment_rows()
-        if row_filter is None:
-            return rows
-        return np.array([r for r in rows if row_filter.matches(state.record(r))], np.int64)
+        """The segment's live rows (those the filter matches), as gallery row numbers."""
+
+        def make() -> np.ndarray:
+            rows = state.alive_segment_rows()
+            if row_filter is None:
+                return rows
+            return np.array([r for r in rows if row_filter.matches(state.record(r))], np.int64)
+
+        return self._per_state(state, ("segment", _key(row_filter)), make)
+
+    def _segment_candidates(
+        self,
+        state: LiveState,
+        families: Sequence[str],
+        mu_q: np.ndarray,
+        logvar_q: np.ndarray | None,
+        size: int,
+        row_filter: RowFilter | None,
+    ) -> list[np.ndarray]:
+        """The segment's best `size` rows per family, by exact distance (all when few)."""
+        rows = self._segment_rows(state, row_filter)
+        if len(rows) <= size:
+            return [np.broadcast_to(rows, (len(mu_q), len(rows)))] if len(rows) else []
+        index = rows - state.base_count
+        mu_g, logvar_g = self._per_state(
+            state, ("segment-arrays", _key(row_filter)),
+            lambda: (torch.from_numpy(state.segment.mu[index]),
+                     torch.from_numpy(state.segment.logvar[index])),
+        )  # fmt: skip
+        queries = torch.from_numpy(np.asarray(mu_q, np.float32))
+        query_logvar = torch.from_numpy(
+            np.asarray(logvar_q if logvar_q is not None else np.zeros_like(mu_q), np.float32)
+        )
+        parts = []
+        for family in families:
+            distances = pairwise_distance(family, queries, query_logvar, mu_g, logvar_g)  # (Q, M)
+            best = torch.topk(distances, size, dim=1, largest=False).indices.numpy()
+            parts.append(rows[best])
+        return parts
 
     # ----- writes -----------------------------------------------------------------------
 
@@ -258,7 +325,7 @@ class LiveIndex:
             offset = locked.append(logged) if logged else self._offset
             with self._lock:
                 if logged:
-                    self._state = self._state.applied(logged, self.version.row_of)
+                    self._set_state(self._state.applied(logged, self.version.row_of))
                 self._offset = offset
         return WriteResult(len(logged), tuple(missing), offset)
 
@@ -305,29 +372,5 @@ class LiveIndex:
         self.version.close()
 
 
-def _segment_candidates(
-    families: Sequence[str],
-    mu_q: np.ndarray,
-    logvar_q: np.ndarray | None,
-    size: int,
-    state: LiveState,
-    rows: np.ndarray,
-) -> list[np.ndarray]:
-    """The segment's best `size` rows per family, by exact distance (all when few)."""
-    if len(rows) == 0:
-        return []
-    if len(rows) <= size:
-        return [np.broadcast_to(rows, (len(mu_q), len(rows)))]
-    index = rows - state.base_count
-    mu_g = torch.from_numpy(state.segment.mu[index])
-    logvar_g = torch.from_numpy(state.segment.logvar[index])
-    queries = torch.from_numpy(np.asarray(mu_q, np.float32))
-    query_logvar = torch.from_numpy(
-        np.asarray(logvar_q if logvar_q is not None else np.zeros_like(mu_q), np.float32)
-    )
-    parts = []
-    for family in families:
-        distances = pairwise_distance(family, queries, query_logvar, mu_g, logvar_g)  # (Q, M)
-        best = torch.topk(distances, size, dim=1, largest=False).indices.numpy()
-        parts.append(rows[best])
-    return parts
+def _key(row_filter: RowFilter | None) -> str | None:
+    return None if row_filter is None else row_filter.cache_key()
