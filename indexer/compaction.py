@@ -113,17 +113,11 @@ def _build(
         release_owner(tmp_dir)
 
 
-def _live_version_rows(state: LiveState) -> np.ndarray:
-    if state.base_dead is None:
-        return np.arange(state.base_count)
-    return np.flatnonzero(~state.base_dead)
-
-
 def _parts(
     live: LiveIndex, state: LiveState
 ) -> Iterator[tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]]:
     """(mu, logvar, records) of the live rows: the version's in blocks, then the segment's."""
-    rows = _live_version_rows(state)
+    rows = state.live_version_rows()
     for start in range(0, len(rows), _BLOCK_ROWS):
         block = rows[start : start + _BLOCK_ROWS]
         records = live.version.metadata(block.tolist())
@@ -139,7 +133,7 @@ def _novelty(live: LiveIndex, state: LiveState) -> np.ndarray:
     segment = state.alive_segment_rows() - state.base_count
     return np.concatenate(
         [
-            np.asarray(live.version.novelty[_live_version_rows(state)]),
+            np.asarray(live.version.novelty[state.live_version_rows()]),
             state.segment.novelty[segment],
         ]
     )

@@ -131,6 +131,16 @@ class LiveState:
                 state = replace(state, deletes=state.deletes + 1)
         return state
 
+    def live_version_rows(self) -> np.ndarray:
+        """The version's rows still live, ascending."""
+        if self.base_dead is None:
+            return np.arange(self.base_count)
+        return np.flatnonzero(~self.base_dead)
+
+    def live_rows(self) -> np.ndarray:
+        """Every live row (the version's, then the segment's), as gallery row numbers."""
+        return np.concatenate([self.live_version_rows(), self.alive_segment_rows()])
+
     def alive_segment_rows(self) -> np.ndarray:
         """The live rows of the segment, as gallery row numbers, ascending."""
         return self.base_count + np.flatnonzero(self.segment_alive[: self.size])

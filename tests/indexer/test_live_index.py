@@ -40,17 +40,41 @@ def _put(item_id: str, seed: int, text: str = "added") -> Put:
     return Put(item_id, mu, logvar[0], {"text": text, "extra": {"seed": seed}})
 
 
+Model = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def _model(path: Path) -> Model:
+    """The version's items, id -> (mu, logvar) in row order: what the writes then change, by
+    the test's own book-keeping (a put moves its id to the end, as a new row does)."""
+    version = open_version(path)
+    rows = range(version.manifest.count)
+    model = {r["id"]: (np.array(version.mu[i]), np.array(version.logvar[i]))
+             for i, r in zip(rows, version.metadata(list(rows)), strict=True)}  # fmt: skip
+    version.close()
+    return model
+
+
+def _apply(model: Model, entry: Put | Delete) -> None:
+    model.pop(entry.item_id, None)
+    if isinstance(entry, Put):
+        model[entry.item_id] = (entry.mu, entry.logvar)
+
+
 def _live_items(live: LiveIndex) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Every live item (id, mu, logvar), found by brute force over the log's effect."""
-    state = live.snapshot()[0]
-    rows = [r for r in range(state.base_count) if state.base_dead is None or not state.base_dead[r]]
-    rows += state.alive_segment_rows().tolist()
-    ids = [record["id"] for record in live.metadata(rows)]
-    return ids, np.asarray(live.mu[np.array(rows)]), np.asarray(live.logvar[np.array(rows)])
+    """The live index's own view of its items (id, mu, logvar), in row order."""
+    rows = live.snapshot()[0].live_rows()
+    ids = [record["id"] for record in live.metadata(rows.tolist())]
+    return (
+        ids,
+        np.asarray(live.mu[rows]).reshape(-1, DIM),
+        np.asarray(live.logvar[rows]).reshape(-1, DIM),
+    )
 
 
-def _brute_force(live: LiveIndex, metric: str, mu_q: np.ndarray, logvar_q: np.ndarray, k: int):
-    ids, mu, logvar = _live_items(live)
+def _brute_force(model: Model, metric: str, mu_q: np.ndarray, logvar_q: np.ndarray, k: int):
+    ids = list(model)
+    mu = np.stack([model[i][0] for i in ids])
+    logvar = np.stack([model[i][1] for i in ids])
     distances = pairwise_distance(
         metric, *map(torch.from_numpy, (mu_q, logvar_q, mu, logvar))
     ).numpy()  # (Q, N)
@@ -70,14 +94,14 @@ def _searched(live: LiveIndex, metric: str, mu_q: np.ndarray, logvar_q: np.ndarr
     return ids, ranked.distances.numpy()
 
 
-def _assert_exact(live: LiveIndex, seed: int = 5, k: int = 10) -> None:
+def _assert_exact(live: LiveIndex, model: Model, seed: int = 5, k: int = 10) -> None:
     _, mu, logvar = _live_items(live)
     mu_q, logvar_q = nearby_queries(mu, logvar, 6, seed=seed)
     added = live.snapshot()[0].alive_segment_rows()[:6]  # queries at the added items too
     mu_q = np.concatenate([mu_q, np.asarray(live.mu[added]).reshape(-1, DIM)])
     logvar_q = np.concatenate([logvar_q, np.asarray(live.logvar[added]).reshape(-1, DIM)])
     for metric in METRICS:
-        want_ids, want = _brute_force(live, metric, mu_q, logvar_q, k)
+        want_ids, want = _brute_force(model, metric, mu_q, logvar_q, k)
         got_ids, got = _searched(live, metric, mu_q, logvar_q, k)
         assert got_ids == want_ids, metric
         np.testing.assert_allclose(got[:, : want.shape[1]], want, rtol=1e-4, atol=1e-4)
@@ -100,22 +124,26 @@ def test_live_search_equals_brute_force_over_the_live_items(
     tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int]], duplicates: bool
 ) -> None:
     path = _version(tmp_path_factory.mktemp("live"), duplicates=duplicates)
-    live = LiveIndex(open_version(path))
+    live, model = LiveIndex(open_version(path)), _model(path)
     added: list[str] = []
     for i, (op, value) in enumerate(ops):
+        entry: Put | Delete | None = None
         if op == "put-new":
             added.append(f"new-{i}")
-            live.write([_put(added[-1], value)])
+            entry = _put(added[-1], value)
         elif op == "put-base":  # replaces a version row (in the duplicate group for low ids)
-            live.write([_put(f"item-{value % 10}", value)])
+            entry = _put(f"item-{value % 10}", value)
         elif op == "put-added" and added:
-            live.write([_put(added[value % len(added)], value)])
+            entry = _put(added[value % len(added)], value)
         elif op == "delete":
             pool = [*added, f"item-{value % 10}"]
-            live.write([Delete(pool[value % len(pool)])])
-    _assert_exact(live)
+            entry = Delete(pool[value % len(pool)])
+        if entry is not None:
+            live.write([entry])
+            _apply(model, entry)
+    _assert_exact(live, model)
     ids = _live_items(live)[0]
-    assert len(ids) == len(set(ids)) == live.count
+    assert ids == list(model) and live.count == len(model)
     replayed = LiveIndex(open_version(path))  # another process reading the same log
     assert _live_items(replayed)[0] == ids
     np.testing.assert_array_equal(_live_items(replayed)[1], _live_items(live)[1])

@@ -63,10 +63,7 @@ def _brute_force(server: ServerThread, gallery: str, mu, logvar, metric: str, k:
     with server.services.holder.acquire(gallery) as loaded:
         live = loaded.index
         state = live.snapshot()[0]
-        rows = [
-            r for r in range(state.base_count) if state.base_dead is None or not state.base_dead[r]
-        ]
-        rows = np.array(rows + state.alive_segment_rows().tolist())
+        rows = state.live_rows()
         distances = pairwise_distance(
             metric,
             torch.tensor([mu]), torch.tensor([logvar]),
@@ -193,10 +190,7 @@ def _filtered_brute_force(server, gallery, mu, logvar, metric, k, spec):
     with server.services.holder.acquire(gallery) as loaded:
         live = loaded.index
         state = live.snapshot()[0]
-        rows = [
-            r for r in range(state.base_count) if state.base_dead is None or not state.base_dead[r]
-        ]
-        rows += state.alive_segment_rows().tolist()
+        rows = state.live_rows().tolist()
         records = live.metadata(rows)
         rows = np.array(
             [r for r, record in zip(rows, records, strict=True) if wanted.matches(record)]
