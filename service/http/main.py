@@ -34,6 +34,7 @@ from service.http.middleware import (
     BodyReadTimeoutMiddleware,
     BodySizeLimitMiddleware,
     RequestMetricsMiddleware,
+    UnhandledErrorMiddleware,
     error_response,
 )
 from service.http.openapi_limits import install_openapi_limits
@@ -79,7 +80,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/static", page.static_files(), name="static")
     install_docs(app)
     install_openapi_limits(app, settings)
-    _install_error_handlers(app)
+    unhandled = OutageLog(log, "requests")  # one traceback per outage, not per request
+    _install_error_handlers(app, unhandled)
+    app.add_middleware(UnhandledErrorMiddleware, outage=unhandled)
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, paths=set(app.openapi()["paths"])
     )
@@ -94,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Content-Type", "X-API-Key", "Authorization"],
         )
     return app
@@ -264,7 +267,7 @@ def _compatibility_check(model_dir: Path, config: ModelConfig):
 # ----- errors ------------------------------------------------------------------------------
 
 
-def _install_error_handlers(app: FastAPI) -> None:
+def _install_error_handlers(app: FastAPI, unhandled: OutageLog) -> None:
     async def domain_error(request: Request, error: Exception) -> JSONResponse:
         status, code = status_of(error)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -285,8 +288,6 @@ def _install_error_handlers(app: FastAPI) -> None:
             code = "invalid_encoding"
             detail = "the request body is not valid UTF-8: send JSON text encoded as UTF-8"
         return error_response(error.status_code, code, detail, error.headers)
-
-    unhandled = OutageLog(log, "requests")  # one traceback per outage, not per request
 
     async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
         unhandled.failed(error)

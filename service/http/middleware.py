@@ -10,6 +10,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import ServiceMetrics
+from service.outage_log import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -191,3 +192,35 @@ class RequestMetricsMiddleware:
             self.metrics.request_latency.labels(endpoint=endpoint).observe(
                 time.perf_counter() - start
             )
+
+
+class UnhandledErrorMiddleware:
+    """A 500 for an exception no handler took, logged once per outage (OutageLog) and not
+    raised further. Starlette's last-resort handler answers too, but then re-raises, and uvicorn
+    logs a traceback per request: one broken backend wrote a traceback for every search.
+    Added first, so it is the innermost middleware and the metrics count the 500."""
+
+    def __init__(self, app: ASGIApp, outage: OutageLog) -> None:
+        self.app = app
+        self.outage = outage
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as error:  # the last resort: whatever it is, log it once
+            self.outage.failed(error)
+            if not started:
+                response = error_response(
+                    500, "internal_error", "internal error; it has been logged"
+                )
+                await response(scope, receive, send)

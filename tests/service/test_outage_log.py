@@ -70,3 +70,22 @@ def test_a_batcher_whose_backend_is_down_logs_once(caplog, alone: bool) -> None:
     assert len(records) == 2, [r.getMessage() for r in records]
     assert records[0].getMessage() == "searches: a batch failed: backend unreachable"
     assert records[1].getMessage().startswith("searches: a batch recovered after ")
+
+
+def test_an_unhandled_error_answers_500_and_is_logged_once_not_per_request(
+    server, client, caplog, monkeypatch
+) -> None:
+    """A bug or a backend failing in a way no handler knows: every request gets the JSON 500,
+    the log one traceback (uvicorn used to log one per request, re-raised by Starlette)."""
+
+    def broken(text: str) -> None:
+        raise RuntimeError("a backend failing in a way nobody handled")
+
+    monkeypatch.setattr(server.services.searcher, "check_text", broken)
+    caplog.set_level(logging.INFO)
+    answers = [client.post("/search/text", json={"text": f"a red circle {i}"}) for i in range(200)]
+    assert {a.status_code for a in answers} == {500}
+    assert {a.json()["error"] for a in answers} == {"internal_error"}
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert len(tracebacks) == 1, [r.getMessage() for r in tracebacks[:3]]
+    assert not [r for r in caplog.records if r.name.startswith("uvicorn")]
