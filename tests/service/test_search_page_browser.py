@@ -3,6 +3,8 @@ scripts/bootstrap.sh installs) against a real server: what a person sees, checke
 what the JSON API answers for the same query. Screenshots go to a temporary folder, or to
 $SEARCH_PAGE_SCREENSHOTS when set (docs/img/search-page.png in README.md is one)."""
 
+import base64
+import json
 import math
 import os
 import re
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from search_page_screenshot import headless_chromium
 
 from tests.service.conftest import (
+    ADMIN_KEY,
     Artifacts,
     ServerThread,
     copy_index_root,
@@ -377,3 +380,233 @@ def test_a_score_without_information_is_not_shown(page: WebDriver) -> None:
     assert text == "posterior entropy: carries no information for this query, so it is not shown"
     assert "4.6" not in page.find_element(By.ID, "verdict").text
     assert not page.find_element(By.ID, "gauge-fill").is_displayed()
+
+
+# ----- issue 43.5: the filter box and "delete from gallery" ---------------------------------
+
+
+def shown_ids(browser: WebDriver, kind: str = "text") -> list[str]:
+    """The ids of the results shown, read at once (cards removed meanwhile never go stale)."""
+    return browser.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(card => card.dataset.id)",
+        f"#grid li.card-{kind}",
+    )
+
+
+def status_text(browser: WebDriver) -> str:
+    return browser.find_element(By.ID, "status").text
+
+
+def set_filter(browser: WebDriver, text: str) -> None:
+    box = browser.find_element(By.ID, "filter")
+    box.clear()
+    box.send_keys(text)
+
+
+def test_the_filter_box_reads_plain_conditions_and_json(page: WebDriver) -> None:
+    def parse(text: str) -> object:
+        return page.execute_script("return parseFilter(arguments[0])", text)
+
+    assert parse("  ") is None
+    assert parse("split: test") == {"split": "test"}
+    assert parse("labels: red circle, blue square; split = test\nindex >= 10; index < 20") == {
+        "labels": {"in": ["red circle", "blue square"]},
+        "split": "test",
+        "index": {"gte": 10, "lt": 20},
+    }
+    assert parse('year: 2020 or "2021"; flag: true; id: 7') == {
+        "year": {"in": [2020, "2021"]},
+        "flag": True,
+        "id": "7",  # ids are strings
+    }
+    assert parse('{"split": {"in": ["val", "test"]}}') == {"split": {"in": ["val", "test"]}}
+    for wrong in ("split test", "split:", "my field: x", "index >= ten", "split: a; split: b"):
+        message = page.execute_script(
+            "try { parseFilter(arguments[0]); return null } catch (e) { return e.message }", wrong
+        )
+        assert message, wrong
+
+
+def test_a_filter_restricts_the_results_and_shows_how_many_items_matched(
+    page: WebDriver, client: httpx.Client
+) -> None:
+    set_filter(page, "split: test")
+    shown = search_caption(page, CAPTION)
+    wait(page, lambda b: "match the filter" in status_text(b))
+    answer = client.post("/search/text", json={"text": CAPTION, "filter": {"split": "test"}})
+    answer = answer.json()
+    everything = client.get("/v1/config").json()["galleries"]["image"]["count"]
+    assert 10 <= answer["matched"] < everything
+    assert [card.get_attribute("data-id") for card in shown] == [h["id"] for h in answer["results"]]
+    assert all(hit["metadata"]["extra"]["split"] == "test" for hit in answer["results"])
+    assert f"{answer['matched']} items match the filter." in status_text(page)
+    unfiltered = client.post("/search/text", json={"text": CAPTION}).json()["results"]
+    assert [h["id"] for h in unfiltered] != [h["id"] for h in answer["results"]]
+    # A power user's JSON filter is sent as it is; a filter that matches fewer than k items
+    # returns those items only.
+    label = answer["results"][0]["metadata"]["extra"]["labels"][0]
+    own = {"split": "test", "labels": label}
+    few = client.post("/search/text", json={"text": CAPTION, "filter": own}).json()
+    assert few["matched"] < 10
+    set_filter(page, json.dumps(own))
+    page.find_element(By.ID, "filter").send_keys(Keys.ENTER)  # Enter applies it to the query
+    wait(page, lambda b: len(cards(b, "text")) == few["matched"])
+    wait(page, lambda b: matched_phrase(few["matched"]) in status_text(b))
+    assert set(shown_ids(page)) == {h["id"] for h in few["results"]}
+    set_filter(page, "")
+    page.find_element(By.ID, "filter-submit").click()
+    wait(page, lambda b: len(cards(b, "text")) == 10 and "match" not in status_text(b))
+
+
+def matched_phrase(count: int) -> str:
+    return "1 item matches" if count == 1 else f"{count} items match"
+
+
+def test_an_image_search_sends_its_filter(
+    page: WebDriver, client: httpx.Client, artifacts: Artifacts
+) -> None:
+    index = open_version(artifacts.index_root / "image" / artifacts.image_v1)
+    try:
+        image_path = Path(index.manifest.image_root) / index.metadata([0])[0]["uri"]
+    finally:
+        index.close()
+    set_filter(page, "split: val")
+    page.find_element(By.ID, "image").send_keys(str(image_path))
+    wait(page, lambda b: "match the filter" in status_text(b))
+    body = {
+        "image_base64": base64.b64encode(image_path.read_bytes()).decode(),
+        "filter": {"split": "val"},
+    }
+    answer = client.post("/search/image", json=body).json()
+    assert f"{answer['matched']} items match the filter." in status_text(page)
+    assert shown_ids(page, "image") == [hit["id"] for hit in answer["results"]]
+    assert all(hit["metadata"]["extra"]["split"] == "val" for hit in answer["results"])
+
+
+def test_a_malformed_filter_shows_a_readable_error(page: WebDriver) -> None:
+    box = page.find_element(By.ID, "filter")
+    error = page.find_element(By.ID, "error")
+    set_filter(page, "split test")  # no ":": the page says so before sending anything
+    page.find_element(By.ID, "text").send_keys(CAPTION, Keys.ENTER)
+    wait(page, lambda b: error.is_displayed())
+    assert "The filter could not be read" in error.text and "split: test" in error.text
+    assert box.get_attribute("aria-invalid") == "true"
+    assert not cards(page, "text")
+    # A filter the page can read but the service refuses: its 422, in words.
+    set_filter(page, "labels >= 20; labels <= 10")
+    assert box.get_attribute("aria-invalid") is None  # typing clears the mark
+    box.send_keys(Keys.ENTER)
+    wait(page, lambda b: "refused the filter" in error.text)
+    assert "matches nothing" in error.text and "labels" in error.text, error.text
+    assert "[object" not in error.text and box.get_attribute("aria-invalid") == "true"
+    set_filter(page, '{"labels": {"in": []}}')
+    box.send_keys(Keys.ENTER)
+    wait(page, lambda b: "non-empty list" in error.text)
+    assert "refused the filter" in error.text
+    set_filter(page, "split: test")
+    box.send_keys(Keys.ENTER)
+    wait(page, lambda b: len(cards(b, "text")) == 10 and not error.is_displayed())
+
+
+def delete_buttons(browser: WebDriver) -> list[WebElement]:
+    return browser.find_elements(By.CSS_SELECTOR, "#grid li.card button.delete")
+
+
+def set_admin_key(browser: WebDriver, key: str) -> None:
+    details = browser.find_element(By.CSS_SELECTOR, "details.advanced")
+    if details.get_attribute("open") is None:
+        details.find_element(By.TAG_NAME, "summary").click()
+    box = browser.find_element(By.ID, "admin-key")
+    box.clear()
+    box.send_keys(key)
+    if not key:  # clear() fires no input event
+        box.send_keys("x", Keys.BACKSPACE)
+
+
+def confirm_delete(browser: WebDriver, card: WebElement) -> None:
+    card.find_element(By.CSS_SELECTOR, "button.delete").click()
+    card.find_element(By.CSS_SELECTOR, "button.confirm-delete").click()
+
+
+def test_an_admin_deletes_a_result_and_a_repeat_search_no_longer_returns_it(
+    page: WebDriver, client: httpx.Client, screenshots: Path
+) -> None:
+    admin = {"X-API-Key": ADMIN_KEY}
+    try:
+        box = page.find_element(By.ID, "admin-key")
+        assert box.get_attribute("type") == "password"
+        set_admin_key(page, ADMIN_KEY)
+        stored = "return [sessionStorage.getItem('probsearch-admin-key'), localStorage.length]"
+        assert page.execute_script(stored) == [ADMIN_KEY, 0]
+        shown = search_caption(page, CAPTION)
+        assert len(delete_buttons(page)) == 10
+        first, second, third = (card.get_attribute("data-id") for card in shown[:3])
+        # Asked first; Cancel (here Escape) deletes nothing.
+        shown[0].find_element(By.CSS_SELECTOR, "button.delete").click()
+        confirm = shown[0].find_element(By.CSS_SELECTOR, ".confirm")
+        assert first in confirm.text and "cannot be undone" in confirm.text
+        assert page.switch_to.active_element.text == "Cancel"
+        press(page, Keys.ESCAPE)
+        assert not shown[0].find_elements(By.CSS_SELECTOR, ".confirm")
+        assert len(cards(page, "text")) == 10
+        page.set_window_size(*NARROW)  # the question fits a phone's card
+        shown[0].find_element(By.CSS_SELECTOR, "button.delete").click()
+        widths = page.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert widths[0] <= widths[1], widths
+        save(page, screenshots, "search-page-delete-narrow.png")
+        page.set_window_size(*WIDE)
+        shown[0].find_element(By.CSS_SELECTOR, "button.confirm-delete").click()
+        wait(page, lambda b: first not in shown_ids(b))
+        notice = page.find_element(By.ID, "notice")
+        assert f"Deleted {first} from the image index" in notice.text
+        assert len(cards(page, "text")) == 9
+        again = search_caption(page, CAPTION)
+        assert first not in [card.get_attribute("data-id") for card in again]
+        answer = client.post("/search/text", json={"text": CAPTION, "k": 50}).json()
+        assert first not in [hit["id"] for hit in answer["results"]]
+        gone = client.delete(f"/v1/items/{first}", params={"gallery": "image"}, headers=admin)
+        assert gone.status_code == 404
+        # A wrong key: 401 in words, and the result stays.
+        set_admin_key(page, "not-the-admin-key")
+        card = next(c for c in cards(page, "text") if c.get_attribute("data-id") == second)
+        confirm_delete(page, card)
+        error = page.find_element(By.ID, "error")
+        wait(page, lambda b: error.is_displayed())
+        assert "admin key was refused" in error.text and "401" in error.text, error.text
+        assert second in shown_ids(page)
+        assert second in [h["id"] for h in client.post("/search/text", json={"text": CAPTION,
+                          "k": 50}).json()["results"]]  # fmt: skip
+        # Deleted meanwhile by someone else: 404, said so, and taken off the list.
+        set_admin_key(page, ADMIN_KEY)
+        deleted = client.delete(f"/v1/items/{third}", params={"gallery": "image"}, headers=admin)
+        assert deleted.status_code == 200, deleted.text
+        card = next(c for c in cards(page, "text") if c.get_attribute("data-id") == third)
+        confirm_delete(page, card)
+        wait(page, lambda b: "deleted already" in b.find_element(By.ID, "notice").text)
+        assert third not in shown_ids(page)
+        # Without the key, the buttons go.
+        set_admin_key(page, "")
+        assert not delete_buttons(page) and len(cards(page, "text")) == 9
+        assert page.execute_script(stored) == [None, 0]
+    finally:
+        page.execute_script("sessionStorage.clear()")
+
+
+def test_without_an_admin_key_no_delete_buttons_are_shown(
+    page: WebDriver, artifacts: Artifacts
+) -> None:
+    assert page.execute_script("return sessionStorage.length + localStorage.length") == 0
+    assert page.find_element(By.ID, "admin-key").get_attribute("value") == ""
+    search_caption(page, CAPTION)
+    assert not delete_buttons(page)
+    assert not page.find_elements(By.CSS_SELECTOR, "#grid .admin")
+    index = open_version(artifacts.index_root / "image" / artifacts.image_v1)
+    try:
+        image_path = Path(index.manifest.image_root) / index.metadata([1])[0]["uri"]
+    finally:
+        index.close()
+    page.find_element(By.ID, "image").send_keys(str(image_path))
+    wait(page, lambda b: len(cards(b, "image")) == 10)
+    assert not delete_buttons(page)

@@ -30,6 +30,7 @@ const EXPLAIN = {
 };
 
 const state = { config: null, lastQuery: null };
+const ADMIN_KEY_STORAGE = "probsearch-admin-key"; // sessionStorage only: gone with the tab
 const $ = (id) => document.getElementById(id);
 
 function element(tag, props = {}, children = []) {
@@ -68,11 +69,28 @@ async function callApi(path, init) {
     parsed = null;
   }
   if (!response.ok) {
-    const detail = parsed && parsed.detail ? parsed.detail : body.slice(0, 300) || response.statusText;
-    throw new Error(`The service answered ${response.status}: ${detail}`);
+    const detail = parsed && parsed.detail ? readableDetail(parsed.detail) : body.slice(0, 300) || response.statusText;
+    const error = new Error(`The service answered ${response.status}: ${detail}`);
+    error.status = response.status;
+    error.detail = detail;
+    throw error;
   }
   if (parsed === null) throw new Error("The service sent an answer that is not JSON.");
   return parsed;
+}
+
+// FastAPI's validation errors are a list of {loc, msg}: written as "filter.labels: msg".
+function readableDetail(detail) {
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail)) {
+    return detail
+      .map((item) => {
+        const where = (item.loc || []).filter((part) => part !== "body").join(".");
+        return where ? `${where}: ${item.msg}` : item.msg;
+      })
+      .join("; ");
+  }
+  return JSON.stringify(detail);
 }
 
 async function loadConfig() {
@@ -126,30 +144,184 @@ function searchOptions() {
   const options = { k: Number($("k").value) || undefined, metric: $("metric").value || undefined };
   const threshold = $("reject-threshold").value.trim();
   if (threshold !== "") options.reject_threshold = Number(threshold);
+  const filter = readFilterBox();
+  if (filter !== null) options.filter = filter;
   return options;
+}
+
+// ----- the filter box -----------------------------------------------------------------------
+
+// A mistake in the filter box, told in a sentence before anything is sent.
+class FilterSyntaxError extends Error {}
+
+const FIELD_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+const NUMBER = /^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/;
+const RANGE_OPS = { ">=": "gte", "≥": "gte", ">": "gt", "<=": "lte", "≤": "lte", "<": "lt" };
+const CONDITION = /^([^:=<>≤≥!]+?)\s*(>=|<=|==|≥|≤|>|<|=|:)\s*(.*)$/s;
+
+// The filter box's text as the request's `filter` (null when empty). People write conditions
+// such as "labels: red circle; split: test; index >= 10" (";" or new lines between them, all
+// must hold; "a, b" or "a or b" for either value); a JSON object is sent as it is.
+function parseFilter(text) {
+  const source = text.trim();
+  if (!source) return null;
+  if (source.startsWith("{")) return parseJsonFilter(source);
+  const filter = {};
+  for (const raw of source.split(/[;\n]+/)) {
+    const part = raw.trim();
+    if (part) addCondition(filter, part);
+  }
+  return Object.keys(filter).length ? filter : null;
+}
+
+function parseJsonFilter(source) {
+  let parsed;
+  try {
+    parsed = JSON.parse(source);
+  } catch (error) {
+    throw new FilterSyntaxError(`it starts with “{” but is not valid JSON (${error.message}).`);
+  }
+  if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+    throw new FilterSyntaxError('a JSON filter must be an object, such as {"split": "test"}.');
+  }
+  return parsed;
+}
+
+function addCondition(filter, part) {
+  const match = part.match(CONDITION);
+  if (!match) {
+    throw new FilterSyntaxError(
+      `“${part}” is not a condition. Write field: value (such as split: test) or a field ` +
+        "compared with a number (such as index >= 10)."
+    );
+  }
+  const [, rawField, op, rawValue] = match;
+  const field = rawField.trim();
+  const value = rawValue.trim();
+  if (!FIELD_NAME.test(field)) {
+    throw new FilterSyntaxError(
+      `“${field}” is not a field name: use id, or a field of the items such as split or ` +
+        "labels (letters, digits, _ and - only)."
+    );
+  }
+  if (!value) throw new FilterSyntaxError(`“${part}” has no value after “${op}”.`);
+  if (op in RANGE_OPS) {
+    addBound(filter, field, RANGE_OPS[op], value, part);
+    return;
+  }
+  if (field in filter) {
+    throw new FilterSyntaxError(
+      `${field} is given twice. For either of several values write them in one condition, ` +
+        `such as ${field}: a, b.`
+    );
+  }
+  const values = value.split(/\s*,\s*|\s+or\s+/i).filter((v) => v !== "").map((v) => filterValue(field, v));
+  if (values.length === 0) throw new FilterSyntaxError(`“${part}” has no value after “${op}”.`);
+  filter[field] = values.length === 1 ? values[0] : { in: values };
+}
+
+function addBound(filter, field, op, value, part) {
+  if (!NUMBER.test(value)) {
+    throw new FilterSyntaxError(`“${part}”: a comparison needs a number, such as ${field} >= 10.`);
+  }
+  const existing = filter[field];
+  if (existing !== undefined && !isRange(existing)) {
+    throw new FilterSyntaxError(`${field} is given both a value and a comparison; keep one of them.`);
+  }
+  const bounds = existing || {};
+  const clash = op.startsWith("g") ? ["gte", "gt"] : ["lte", "lt"];
+  if (clash.some((name) => name in bounds)) {
+    throw new FilterSyntaxError(`${field} has two ${op.startsWith("g") ? "lower" : "upper"} bounds; keep one.`);
+  }
+  bounds[op] = Number(value);
+  filter[field] = bounds;
+}
+
+function isRange(condition) {
+  return condition !== null && typeof condition === "object" && !("in" in condition);
+}
+
+// One value as JSON: "quoted" text stays text, 3 and 2.5 are numbers, true/false booleans;
+// an id is always text (ids are strings).
+function filterValue(field, text) {
+  const quoted = text.match(/^"(.*)"$/s) || text.match(/^'(.*)'$/s);
+  if (quoted) return quoted[1];
+  if (field === "id") return text;
+  if (NUMBER.test(text)) return Number(text);
+  if (/^(true|false)$/i.test(text)) return text.toLowerCase() === "true";
+  return text;
+}
+
+// The box's filter; a mistake is shown (and marked on the box) by run's error handling.
+function readFilterBox() {
+  const box = $("filter");
+  try {
+    const filter = parseFilter(box.value);
+    box.removeAttribute("aria-invalid");
+    return filter;
+  } catch (error) {
+    if (!(error instanceof FilterSyntaxError)) throw error;
+    box.setAttribute("aria-invalid", "true");
+    throw new Error(`The filter could not be read: ${error.message}`);
+  }
+}
+
+// A 422 about the filter reads as one: the backend's messages name the filter.
+function filterRefusal(error, sentFilter) {
+  if (!sentFilter || error.status !== 422 || !/filter/i.test(error.detail || "")) return error;
+  $("filter").setAttribute("aria-invalid", "true");
+  return new Error(`The service refused the filter: ${error.detail}`);
+}
+
+function matchedSentence(matched) {
+  if (matched === null || matched === undefined) return "";
+  if (matched === 0) return "No item matches the filter.";
+  return matched === 1 ? "1 item matches the filter." : `${matched} items match the filter.`;
+}
+
+async function searchJson(path, body) {
+  try {
+    return await callApi(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+  } catch (error) {
+    throw filterRefusal(error, body.filter);
+  }
 }
 
 function textRequest(text) {
   return {
     kind: "text",
     label: `“${text}”`,
-    send: () =>
-      callApi("/search/text", {
-        method: "POST",
-        headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ text, ...searchOptions() }),
-      }),
+    send: () => searchJson("/search/text", { text, ...searchOptions() }),
   };
+}
+
+// Standard base64 of a file's bytes (for the JSON form of /search/image).
+async function base64Of(file) {
+  const bytes = new Uint8Array(await file.arrayBuffer());
+  let binary = "";
+  for (let start = 0; start < bytes.length; start += 0x8000) {
+    binary += String.fromCharCode(...bytes.subarray(start, start + 0x8000));
+  }
+  return btoa(binary);
 }
 
 function imageRequest(file) {
   return {
     kind: "image",
     label: `the image ${file.name}`,
-    send: () => {
+    send: async () => {
+      const options = searchOptions();
+      if (options.filter !== undefined) {
+        // A multipart form field holds text, not the filter's JSON object: send JSON.
+        return searchJson("/search/image", { image_base64: await base64Of(file), ...options });
+      }
       const form = new FormData();
       form.append("image", file);
-      for (const [key, value] of Object.entries(searchOptions())) {
+      for (const [key, value] of Object.entries(options)) {
         if (value !== undefined) form.append(key, String(value));
       }
       return callApi("/search/image", { method: "POST", body: form });
@@ -160,6 +332,7 @@ function imageRequest(file) {
 async function run(query) {
   state.lastQuery = query;
   hideError();
+  hideNotice();
   $("results").setAttribute("aria-busy", "true");
   $("status").textContent = `Searching for ${query.label}…`;
   try {
@@ -197,11 +370,14 @@ function showAnswer(query, answer) {
   const cards = answer.results.map((hit) => resultCard(hit, query.kind, gallery, answer.metric));
   $("grid").replaceChildren(...cards);
   $("grid").dataset.kind = query.kind;
+  $("grid").dataset.gallery = galleryName;
+  syncAdminControls();
   $("legend").hidden = cards.length === 0;
   const what = query.kind === "text" ? "images" : "captions";
-  $("status").textContent = cards.length
+  const found = cards.length
     ? `${cards.length} ${what} for ${query.label}, ranked by ${answer.metric} distance.`
     : `No ${what} found for ${query.label}.`;
+  $("status").textContent = [found, matchedSentence(answer.matched)].filter(Boolean).join(" ");
 }
 
 function scoreName(name) {
@@ -370,6 +546,141 @@ function hideError() {
   $("error").textContent = "";
 }
 
+function showNotice(message) {
+  $("notice").textContent = message;
+  $("notice").hidden = false;
+}
+
+function hideNotice() {
+  $("notice").hidden = true;
+  $("notice").textContent = "";
+}
+
+// ----- deleting from the gallery (admin users) ----------------------------------------------
+
+function adminKey() {
+  try {
+    return sessionStorage.getItem(ADMIN_KEY_STORAGE) || "";
+  } catch (_) {
+    return ""; // storage disabled: the key lives in the field only
+  }
+}
+
+function setAdminKey(key) {
+  try {
+    if (key) sessionStorage.setItem(ADMIN_KEY_STORAGE, key);
+    else sessionStorage.removeItem(ADMIN_KEY_STORAGE);
+  } catch (_) {
+    // storage disabled: nothing to keep
+  }
+}
+
+function currentKey() {
+  return $("admin-key").value.trim() || adminKey();
+}
+
+// Each result card gets a delete button while an admin key is set, and loses it without one.
+function syncAdminControls() {
+  const enabled = currentKey() !== "";
+  for (const card of $("grid").querySelectorAll("li.card")) {
+    const controls = card.querySelector(".admin");
+    if (enabled && !controls) card.append(adminControls(card));
+    if (!enabled && controls) controls.remove();
+  }
+}
+
+function galleryLabel(gallery) {
+  return GALLERY_NAMES[gallery] || `${gallery} gallery`;
+}
+
+function adminControls(card) {
+  const id = card.dataset.id;
+  const button = element("button", {
+    type: "button",
+    class: "delete",
+    "aria-label": `Delete from gallery: ${id}`,
+    text: "Delete from gallery",
+  });
+  const box = element("div", { class: "admin" }, [button]);
+  button.addEventListener("click", () => askToDelete(card, box));
+  return box;
+}
+
+function askToDelete(card, box) {
+  const id = card.dataset.id;
+  const gallery = $("grid").dataset.gallery;
+  const yes = element("button", { type: "button", class: "delete confirm-delete", text: "Yes, delete" });
+  const no = element("button", { type: "button", class: "secondary cancel-delete", text: "Cancel" });
+  const question = element("p", {
+    class: "confirm-text",
+    text: `Delete ${id} from the ${galleryLabel(gallery)} for everyone? This cannot be undone.`,
+  });
+  const group = element("div", { class: "confirm", role: "group", "aria-label": `Confirm deleting ${id}` }, [
+    question,
+    element("div", { class: "confirm-buttons" }, [yes, no]),
+  ]);
+  const cancel = () => {
+    const fresh = adminControls(card);
+    box.replaceWith(fresh);
+    fresh.querySelector("button").focus();
+  };
+  no.addEventListener("click", cancel);
+  group.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") cancel();
+  });
+  yes.addEventListener("click", () => deleteItem(card, box, gallery));
+  box.replaceChildren(group);
+  no.focus();
+}
+
+async function deleteItem(card, box, gallery) {
+  const id = card.dataset.id;
+  const key = currentKey();
+  hideError();
+  for (const button of box.querySelectorAll("button")) button.disabled = true;
+  box.querySelector(".confirm-text").textContent = `Deleting ${id}…`;
+  try {
+    const done = await callApi(`/v1/items/${encodeURIComponent(id)}?gallery=${encodeURIComponent(gallery)}`, {
+      method: "DELETE",
+      headers: { "X-API-Key": key },
+    });
+    removeCard(card, `Deleted ${id} from the ${galleryLabel(gallery)}; ${done.live_items} items are left.`);
+    loadConfig(); // the footer's item counts
+  } catch (error) {
+    if (error.status === 404) {
+      removeCard(card, `${id} was no longer in the ${galleryLabel(gallery)}: it had been deleted already.`);
+      return;
+    }
+    const fresh = adminControls(card);
+    box.replaceWith(fresh);
+    fresh.querySelector("button").focus();
+    showError(deleteError(error, id));
+  }
+}
+
+function deleteError(error, id) {
+  if (error.status === 401 || error.status === 403) {
+    return `The admin key was refused, so ${id} was not deleted (${error.status}): check the ` +
+      `key under Advanced. The service said: ${error.detail}`;
+  }
+  if (error.status === 429) {
+    return `Too many wrong admin keys were sent, so the service is refusing for a while ` +
+      `(429): ${error.detail}`;
+  }
+  return `${id} could not be deleted. ${error.message}`;
+}
+
+// Takes a result off the list; the focus goes to the next result's delete button, or the list.
+function removeCard(card, message) {
+  const next = card.nextElementSibling || card.previousElementSibling;
+  card.remove();
+  showNotice(message);
+  const target = next && next.querySelector(".admin button");
+  if (target) target.focus();
+  else $("results").focus();
+  $("legend").hidden = $("grid").children.length === 0;
+}
+
 // ----- wiring -------------------------------------------------------------------------------
 
 function chooseImage(file) {
@@ -411,6 +722,28 @@ function wire() {
   for (const id of ["metric", "k"]) {
     $(id).addEventListener("change", () => state.lastQuery && run(state.lastQuery));
   }
+  $("filter-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (state.lastQuery) run(state.lastQuery);
+    else if ($("text").value.trim()) run(textRequest($("text").value.trim()));
+    else {
+      try {
+        readFilterBox();
+        hideError();
+        $("status").textContent = "The filter applies to your next search.";
+      } catch (error) {
+        showError(error.message);
+      }
+    }
+  });
+  $("filter").addEventListener("input", () => $("filter").removeAttribute("aria-invalid"));
+  const keyBox = $("admin-key");
+  keyBox.value = adminKey();
+  if (keyBox.value) keyBox.closest("details").open = true;
+  keyBox.addEventListener("input", () => {
+    setAdminKey(keyBox.value.trim());
+    syncAdminControls();
+  });
 }
 
 wire();
