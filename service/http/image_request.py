@@ -77,15 +77,16 @@ async def _read_json_image(request: Request, max_bytes: int) -> tuple[bytes, Sea
 
 
 def _form_value(value: Any) -> Any:
-    """A form field as the JSON value it spells ("3" -> 3, "true" -> True); other text (a
-    metric name, "null": form fields are never null) stays a string."""
+    """A form field as the JSON value it spells ("3" -> 3, "true" -> True, a `filter`'s
+    '{"split": "test"}' -> its object); other text (a metric name, "null": form fields are
+    never null) stays a string."""
     if not isinstance(value, str):
         return value
     try:
         parsed = json.loads(value)
     except ValueError:
         return value
-    return parsed if isinstance(parsed, int | float) else value
+    return parsed if isinstance(parsed, int | float | dict) else value
 
 
 def _validate(model: type, data: Any) -> Any:

@@ -330,3 +330,19 @@ def test_the_service_compacts_a_gallery_by_itself_past_compact_at_rows(
         served = holder.versions()["image"]
     assert top["results"][0]["id"] == "auto-0"
     assert top["index_version"] == served
+
+
+def test_a_multipart_image_search_takes_its_filter_as_json_text(
+    live_server: ServerThread, artifacts: Artifacts
+) -> None:
+    import json
+
+    picture = next(iter(sorted(artifacts.shapes.rglob("*.png")))).read_bytes()
+    with live_server.services.holder.acquire("text") as loaded:
+        two = [loaded.index.metadata([r])[0]["id"] for r in (5, 9)]
+    fields = {"filter": json.dumps({"id": {"in": two}}), "k": "5"}
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        found = http.post("/search/image", files={"image": ("q.png", picture)}, data=fields)
+    assert found.status_code == 200, found.text
+    assert sorted(h["id"] for h in found.json()["results"]) == sorted(two)
+    assert found.json()["matched"] == 2

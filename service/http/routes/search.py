@@ -35,6 +35,10 @@ _IMAGE_FORM_SCHEMA = {
         **{
             name: schema for name, schema in SearchOptions.model_json_schema()["properties"].items()
         },
+        "filter": {
+            "type": "string",
+            "description": "The filter object (see the JSON body's `filter`), as JSON text.",
+        },
     },
 }
 _IMAGE_BODY = {
