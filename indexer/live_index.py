@@ -37,6 +37,10 @@ from models.distance.augmented import candidate_families
 from models.distance.gaussian import pairwise_distance
 
 MAX_ID_CHARS = 512
+# Selected rows (a filter's) scored by brute force rather than through an approximate index,
+# whose probed lists would hold too few of them; beyond, the index's search is widened.
+BRUTE_FORCE_ROWS = 16_384
+MAX_EF_SEARCH = 4096
 _FILTER_CACHE = 64  # filters whose version rows are remembered per version
 
 
@@ -192,26 +196,63 @@ class LiveIndex:
         self._check_live(what="a filter" if row_filter is not None else "live writes")
         families = candidate_families(metric)
         selection = self._selection(state, row_filter)
-        parts = self._version_candidates(families, mu_q, logvar_q, size, selection)
+        parts = self._version_candidates(
+            state, families, mu_q, logvar_q, size, selection, row_filter
+        )
         parts += self._segment_candidates(state, families, mu_q, logvar_q, size, row_filter)
         return np.concatenate(parts, axis=1)
 
     def _version_candidates(
         self,
+        state: LiveState,
         families: Sequence[str],
         mu_q: np.ndarray,
         logvar_q: np.ndarray | None,
         size: int,
         selection: RowSelection | None,
+        row_filter: RowFilter | None,
     ) -> list[np.ndarray]:
+        """The version's candidates among the selected rows: all of them when no more than
+        the shortlist; through the index's selector when it is exact (flat) or most rows are
+        selected (its search widened by the share left out); else by exact brute force, since
+        an approximate index's probed lists hold too few of them."""
         if selection is None:  # every row of the version is live and allowed
             return [self.version.search_family(f, mu_q, logvar_q, size)[1] for f in families]
-        if selection.count <= size:  # so selective that every allowed row is a candidate
+        if selection.count <= size:
             return [np.broadcast_to(selection.rows(), (len(mu_q), selection.count))]
+        if self.manifest.index_type != "flat" and selection.count <= BRUTE_FORCE_ROWS:
+            rows = selection.rows()
+
+            def arrays() -> tuple[torch.Tensor, torch.Tensor]:
+                mu = np.asarray(self.version.mu[rows], np.float32)
+                return torch.from_numpy(mu), torch.from_numpy(
+                    np.asarray(self.version.logvar[rows], np.float32)
+                )
+
+            found = self._per_state(state, ("version-arrays", _key(row_filter)), arrays)
+            return _nearest(rows, found, families, mu_q, logvar_q, size)
         return [
-            self.version.search_family(f, mu_q, logvar_q, size, allowed=selection)[1]
+            self.version.search_family(
+                f, mu_q, logvar_q, size, allowed=selection,
+                search_params=self._widened(f, selection),
+            )[1]
             for f in families
-        ]
+        ]  # fmt: skip
+
+    def _widened(self, family: str, selection: RowSelection) -> dict[str, Any] | None:
+        """The family's search parameters with nprobe / efSearch grown by the share of rows
+        the selection leaves out, twice over (capped), so that at least as many selected rows
+        are reached as an unfiltered search reaches rows."""
+        params = dict(self.manifest.search_params.get(family, {}))
+        factor = 2 * len(selection.allowed) / max(selection.count, 1)  # 2: a margin
+        if factor <= 1 or not params:
+            return None
+        if "nprobe" in params:
+            nlist = int(self.manifest.index_params.get(family, {}).get("nlist", params["nprobe"]))
+            params["nprobe"] = min(nlist, int(np.ceil(params["nprobe"] * factor)))
+        if "efSearch" in params:
+            params["efSearch"] = min(MAX_EF_SEARCH, int(np.ceil(params["efSearch"] * factor)))
+        return params
 
     def _selection(self, state: LiveState, row_filter: RowFilter | None) -> RowSelection | None:
         """The version's rows a search may return in `state` (None: all of them); its FAISS
@@ -289,21 +330,12 @@ class LiveIndex:
         if len(rows) <= size:
             return [np.broadcast_to(rows, (len(mu_q), len(rows)))] if len(rows) else []
         index = rows - state.base_count
-        mu_g, logvar_g = self._per_state(
+        arrays = self._per_state(
             state, ("segment-arrays", _key(row_filter)),
             lambda: (torch.from_numpy(state.segment.mu[index]),
                      torch.from_numpy(state.segment.logvar[index])),
         )  # fmt: skip
-        queries = torch.from_numpy(np.asarray(mu_q, np.float32))
-        query_logvar = torch.from_numpy(
-            np.asarray(logvar_q if logvar_q is not None else np.zeros_like(mu_q), np.float32)
-        )
-        parts = []
-        for family in families:
-            distances = pairwise_distance(family, queries, query_logvar, mu_g, logvar_g)  # (Q, M)
-            best = torch.topk(distances, size, dim=1, largest=False).indices.numpy()
-            parts.append(rows[best])
-        return parts
+        return _nearest(rows, arrays, families, mu_q, logvar_q, size)
 
     # ----- writes -----------------------------------------------------------------------
 
@@ -370,6 +402,28 @@ class LiveIndex:
 
     def close(self) -> None:
         self.version.close()
+
+
+def _nearest(
+    rows: np.ndarray,
+    arrays: tuple[torch.Tensor, torch.Tensor],
+    families: Sequence[str],
+    mu_q: np.ndarray,
+    logvar_q: np.ndarray | None,
+    size: int,
+) -> list[np.ndarray]:
+    """Of `rows` (whose (mu, logvar) are `arrays`), each family's `size` nearest per query,
+    by the exact distance: (Q, size) per family."""
+    queries = torch.from_numpy(np.asarray(mu_q, np.float32))
+    query_logvar = torch.from_numpy(
+        np.asarray(logvar_q if logvar_q is not None else np.zeros_like(mu_q), np.float32)
+    )
+    parts = []
+    for family in families:
+        distances = pairwise_distance(family, queries, query_logvar, *arrays)  # (Q, M)
+        best = torch.topk(distances, size, dim=1, largest=False).indices.numpy()
+        parts.append(rows[best])
+    return parts
 
 
 def _key(row_filter: RowFilter | None) -> str | None:

@@ -110,10 +110,12 @@ class IndexVersion:
         logvar_q: np.ndarray | None,
         size: int,
         allowed: RowSelection | None = None,
+        search_params: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """One index family's answer: its distances (Q, size) float32 (exact for flat,
         approximate for compressed indexes; +inf past the last result) and rows (Q, size),
-        among the `allowed` rows only when given (FAISS versions)."""
+        among the `allowed` rows only when given (FAISS versions), with `search_params`
+        instead of the family's tuned ones when given."""
         if family not in self._indexes:
             raise UnsupportedMetricError(
                 f"index version {self.manifest.version} has no {family!r} index"
@@ -121,9 +123,11 @@ class IndexVersion:
         if size < 1:
             raise ValueError(f"shortlist size must be >= 1; got {size}")
         mu_q = np.ascontiguousarray(mu_q, dtype=np.float32)  # (Q, D)
-        if allowed is None:
+        if allowed is None and search_params is None:
             return self._indexes[family].search(mu_q, logvar_q, size)
-        return self._indexes[family].search(mu_q, logvar_q, size, allowed=allowed)
+        return self._indexes[family].search(
+            mu_q, logvar_q, size, search_params=search_params, allowed=allowed
+        )
 
     def metadata(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         """Metadata {"id", "text" or "uri", "extra"} of each row, in the order given."""

@@ -335,6 +335,8 @@ def query_scores(
         novelty: (Q,) the queries' novelty from their encoder, or None.
     """
     num_candidates = distances.shape[-1]
+    if num_candidates == 0:
+        return _without_candidates(logvar, mc_mu, novelty)
     posterior = retrieval_posterior(_padded(distances), temperature)  # (Q, M')
     feature = mi = None
     mean_posterior = posterior
@@ -352,6 +354,26 @@ def query_scores(
         posterior_entropy=_entropy_of(mean_posterior).cpu().numpy(),
         posterior=posterior[..., :num_candidates].cpu().numpy(),
         top_mahalanobis=None if fit is None else fit.top_mahalanobis(logvar, distances),
+        novelty=None if novelty is None else np.asarray(novelty, dtype=np.float64),
+    )
+
+
+def _without_candidates(
+    logvar: torch.Tensor, mc_mu: torch.Tensor | None, novelty: np.ndarray | None
+) -> QueryScores:
+    """Scores of queries with an empty shortlist (a filter that matches no item): those of
+    the query itself; nothing to retrieve, so no posterior and no mutual information."""
+    feature = None
+    if mc_mu is not None and mc_mu.shape[0] > 0:
+        feature = feature_uncertainty(mc_mu.double()).cpu().numpy()
+    count = logvar.shape[0]
+    return QueryScores(
+        log_det=log_det(logvar.double()).cpu().numpy(),
+        entropy=entropy(logvar.double()).cpu().numpy(),
+        feature_uncertainty=feature,
+        mutual_information=None,
+        posterior_entropy=np.zeros(count),
+        posterior=np.zeros((count, 0)),
         novelty=None if novelty is None else np.asarray(novelty, dtype=np.float64),
     )
 

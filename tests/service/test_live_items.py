@@ -346,3 +346,17 @@ def test_a_multipart_image_search_takes_its_filter_as_json_text(
     assert found.status_code == 200, found.text
     assert sorted(h["id"] for h in found.json()["results"]) == sorted(two)
     assert found.json()["matched"] == 2
+
+
+def test_a_filter_that_matches_nothing_answers_with_no_results(
+    live_server: ServerThread, artifacts: Artifacts
+) -> None:
+    mu, logvar, _ = _row(artifacts, "image", artifacts.image_v1, 3)
+    body = {"gallery": "image", "mu": mu, "logvar": logvar, "filter": {"shop": "nowhere"}}
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        found = http.post("/search/embedding", json=body)
+        caption = http.post("/search/text", json={"text": "a red circle", "filter": {"split": "x"}})
+    assert found.status_code == 200, found.text
+    assert found.json()["results"] == [] and found.json()["matched"] == 0
+    assert found.json()["query"]["shortlist_size"] == 0
+    assert caption.status_code == 200 and caption.json()["results"] == []
