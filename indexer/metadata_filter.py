@@ -24,7 +24,6 @@ ID_FIELD = "id"
 FIELD_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 LOWER_OPS = ("gte", "gt")
 UPPER_OPS = ("lte", "lt")
-BOTH = ("gte", "lte")
 INT64 = (-(2**63), 2**63 - 1)
 FORMS = (
     'a value (string, number or boolean), {"in": [values]}, or a range such as '
@@ -68,7 +67,7 @@ class OneOf:
         if self.bools:
             parts.append("e.type IN (SELECT value FROM json_each(?))")
             params.append(json.dumps(sorted(json.dumps(b) for b in self.bools)))
-        return "(" + " OR ".join(parts) + ")", params
+        return "(" + (" OR ".join(parts) or "0") + ")", params  # no value: nothing matches
 
     def canonical(self) -> dict[str, Any]:
         values = sorted(self.bools) + sorted(self.numbers) + sorted(self.texts)
@@ -76,6 +75,8 @@ class OneOf:
 
     def describe(self) -> str:
         values = [json.dumps(v, ensure_ascii=False) for v in self.canonical()["in"]]
+        if not values:
+            return "= (a value no item can hold)"
         return f"= {values[0]}" if len(values) == 1 else f"in ({', '.join(values)})"
 
 
@@ -117,6 +118,36 @@ class Range:
     def describe(self) -> str:
         return " and ".join(f"{_SYMBOLS[op]} {v}" for op, v in self.canonical().items())
 
+
+_SCALAR = {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]}
+_RANGE = {
+    "type": "object",
+    "properties": {op: {"type": "number"} for op in (*LOWER_OPS, *UPPER_OPS)},
+    "minProperties": 1,
+    "additionalProperties": False,
+    "not": {"anyOf": [{"required": list(LOWER_OPS)}, {"required": list(UPPER_OPS)}]},
+}
+
+
+def _one_of_schema(scalar: dict[str, Any]) -> dict[str, Any]:
+    values = {"type": "array", "items": scalar, "minItems": 1, "maxItems": MAX_VALUES}
+    return {
+        "type": "object",
+        "properties": {"in": values},
+        "required": ["in"],
+        "additionalProperties": False,
+    }
+
+
+# The request form as JSON Schema (the served OpenAPI's `filter`): every filter it calls valid
+# is parsed, so the schema and MetadataFilter.parse say the same.
+FILTER_JSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "maxProperties": MAX_FIELDS,
+    "propertyNames": {"pattern": "^" + FIELD_NAME.pattern + "$"},
+    "properties": {ID_FIELD: {"anyOf": [{"type": "string"}, _one_of_schema({"type": "string"})]}},
+    "additionalProperties": {"anyOf": [*_SCALAR["anyOf"], _one_of_schema(_SCALAR), _RANGE]},
+}
 
 _SYMBOLS = {"gte": ">=", "gt": ">", "lte": "<=", "lt": "<"}
 Condition = OneOf | Range
@@ -262,9 +293,15 @@ def _one_of(field: str, spec: dict[str, Any]) -> OneOf:
 
 
 def _one_of_values(field: str, values: list[Scalar]) -> OneOf:
+    """The values; a string holding NUL or an unpaired surrogate can equal no stored value
+    (SQLite ends strings at NUL; stored metadata is valid Unicode), so it matches nothing."""
     return OneOf(
-        texts=frozenset(v for v in values if isinstance(v, str)),
-        numbers=frozenset(_number(field, v) for v in values if _is_number(v)),
+        texts=frozenset(
+            v for v in values if isinstance(v, str) and "\x00" not in v and _is_unicode(v)
+        ),
+        numbers=frozenset(  # no stored number is infinite (metadata stores them as null)
+            n for v in values if _is_number(v) and math.isfinite(n := _number(field, v))
+        ),
         bools=frozenset(v for v in values if isinstance(v, bool)),
     )
 
@@ -276,13 +313,7 @@ def _range(field: str, spec: dict[str, Any]) -> Range:
         raise FilterError(f"filter field {field!r}: {got}; send {FORMS}")
     lo_op, lo = _bound(field, spec, LOWER_OPS)
     hi_op, hi = _bound(field, spec, UPPER_OPS)
-    cond = Range(lo, lo_op == "gt", hi, hi_op == "lt")
-    if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_op, hi_op) != BOTH)):
-        raise FilterError(
-            f"filter field {field!r}: the range {cond.describe()} matches nothing; send a lower "
-            "bound below the upper bound"
-        )
-    return cond
+    return Range(lo, lo_op == "gt", hi, hi_op == "lt")  # an empty range matches nothing
 
 
 def _bound(field: str, spec: dict[str, Any], ops: tuple[str, str]) -> tuple[str, Any]:
@@ -304,10 +335,6 @@ def _bound(field: str, spec: dict[str, Any], ops: tuple[str, str]) -> tuple[str,
 
 def _scalar(field: str, value: object) -> Scalar:
     if isinstance(value, str):
-        if "\x00" in value or not _is_unicode(value):
-            raise FilterError(
-                f"filter field {field!r}: strings must be valid Unicode without NUL characters"
-            )
         return value
     if isinstance(value, bool) or _is_number(value):
         return value
@@ -328,16 +355,13 @@ def _is_number(value: object) -> bool:
 def _number(field: str, value: int | float) -> int | float:
     """The number, integral floats as ints (2.0 -> 2: the same matches, one cache key)."""
     if isinstance(value, float):
-        if not math.isfinite(value):
-            raise FilterError(f"filter field {field!r}: numbers must be finite; got {value}")
+        if math.isnan(value):
+            raise FilterError(f"filter field {field!r}: numbers must not be NaN")
         if value.is_integer() and INT64[0] <= value <= INT64[1]:
             return int(value)
         return value
     if not INT64[0] <= value <= INT64[1]:
-        raise FilterError(
-            f"filter field {field!r}: integers must lie within +-2**63; send larger ones as "
-            "floats, such as 1e20"
-        )
+        return _number(field, float(_as_sqlite_sees(value)))  # as SQLite reads it
     return value
 
 

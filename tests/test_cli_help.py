@@ -24,6 +24,9 @@ ENVIRONMENT = {
     ("index", "activate"): ROOT_REDIS,
     ("index", "rollback"): ROOT_REDIS,
     ("index", "gc"): ROOT_REDIS,
+    ("index", "add"): {"--model": "PROBSEARCH_MODEL", **ROOT_REDIS},
+    ("index", "delete"): ROOT_REDIS,
+    ("index", "compact"): ROOT_REDIS,
     ("calibrate",): {
         "--model": "PROBSEARCH_MODEL",
         "--mc-samples": "PROBSEARCH_MC_SAMPLES",

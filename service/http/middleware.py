@@ -217,6 +217,8 @@ class UnhandledErrorMiddleware:
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:  # nobody to answer: RequestMetricsMiddleware counts a 499
+            raise
         except Exception as error:  # the last resort: whatever it is, log it once
             self.outage.failed(error)
             if not started:

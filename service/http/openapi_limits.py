@@ -61,6 +61,11 @@ def apply_limits(
             _limit_payload(body["properties"], settings, dim)
             if "features" in body["properties"]:
                 _limit_vectors(body, config)
+    items = schema["paths"].get("/v1/items", {}).get("post")
+    if items is not None:
+        body = _resolve(schema, items["requestBody"]["content"]["application/json"]["schema"])
+        _limit_payload(body["properties"], settings, dim)
+        body["oneOf"] = _item_contents(body, config)
 
 
 def apply_metrics(schema: dict[str, Any], metrics: dict[str, list[str]]) -> None:
@@ -128,6 +133,37 @@ def _limit_vectors(body: dict[str, Any], config: ModelConfig | None) -> None:
         for gallery, kind in (("image", "text"), ("text", "image"))
     ]
     body["oneOf"] = [{"required": ["mu", "logvar"]}, *vectors]
+
+
+ITEM_CONTENTS = ("text", "image_base64", "mu", "logvar", "features")
+
+
+def _item_contents(body: dict[str, Any], config: ModelConfig | None) -> list[dict[str, Any]]:
+    """POST /v1/items takes exactly one content, and the gallery it implies or names: a
+    caption (text gallery), a picture (image gallery), a Gaussian or a backbone vector of the
+    gallery's own modality (a model on backbones only)."""
+
+    def only(*names: str, gallery: str | None = None, required: tuple[str, ...] = ()):
+        others = [{"required": [n]} for n in ITEM_CONTENTS if n not in names]
+        branch: dict[str, Any] = {"required": [*names, *required], "not": {"anyOf": others}}
+        if gallery is not None:
+            branch["properties"] = {"gallery": {"const": gallery}}
+        return branch
+
+    contents = [
+        only("text", gallery="text"),
+        only("image_base64", gallery="image"),
+        only("mu", "logvar", required=("gallery",)),
+    ]
+    if config is None or not config.pretrained:
+        body["properties"].pop("features", None)
+        return contents
+    for gallery in ("image", "text"):
+        width = config.backbone_dim(gallery)
+        branch = only("features", gallery=gallery, required=("gallery",))
+        branch["properties"]["features"] = {"minItems": width, "maxItems": width}
+        contents.append(branch)
+    return contents
 
 
 def _constrain(props: dict[str, Any], name: str, **keywords: Any) -> None:

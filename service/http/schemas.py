@@ -9,8 +9,11 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     model_validator,
 )
+
+from indexer.metadata_filter import FILTER_JSON_SCHEMA
 
 Gallery = Literal["image", "text"]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -91,7 +94,10 @@ class SearchOptions(BaseModel):
         "queries the familiarity gate for images unlike the training images).",
     )
     return_embedding: bool = Field(False, description="Return the query's mu and logvar.")
-    filter: dict[str, Any] | None = Field(
+    filter: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema({"anyOf": [FILTER_JSON_SCHEMA, {"type": "null"}]}),
+    ] = Field(
         None,
         description="Only items whose metadata match, searched inside the index: "
         '{"field": value} (equality; on a list field such as labels, any element), '

@@ -15,6 +15,7 @@ from service.http.json_request import json_body_schema, read_json_request
 from service.http.schemas import (
     ADMIN_ERROR_RESPONSES,
     ERROR_RESPONSES,
+    SEARCH_ERROR_RESPONSES,
     ErrorResponse,
     ItemWriteRequest,
     ItemWriteResponse,
@@ -59,7 +60,11 @@ async def item_image(item_id: str, services: ServicesDep) -> Response:
 
 # Writes need the admin key: they change what every client is answered.
 writes = APIRouter(prefix="/v1/items", tags=["items"], dependencies=[AdminAuth])
-_WRITE_RESPONSES = {**ERROR_RESPONSES, **ADMIN_ERROR_RESPONSES}
+_WRITE_RESPONSES = {
+    **SEARCH_ERROR_RESPONSES,
+    404: {"model": ErrorResponse, "description": "DELETE: the gallery has no item of this id."},
+    **ADMIN_ERROR_RESPONSES,
+}
 
 
 @writes.post(
@@ -76,6 +81,13 @@ async def add_item(request: Request, services: ServicesDep) -> ItemWriteResponse
     item = await _new_item(body, services)
     written = await asyncio.to_thread(item_writes.add_item, services, item)
     return ItemWriteResponse(**vars(written) | {"id": written.item_id})
+
+
+@writes.delete("/{item_id:path}/image", include_in_schema=False)
+async def no_image_delete(item_id: str) -> Response:
+    """A picture is deleted with its item: DELETE on .../image is not a method of that path
+    (405), rather than the deletion of an item whose id ends in "/image"."""
+    return Response(status_code=405, headers={"Allow": "GET"})
 
 
 @writes.delete("/{item_id:path}", response_model=ItemWriteResponse, responses=_WRITE_RESPONSES)
