@@ -58,22 +58,6 @@ def _count(server: ServerThread, gallery: str) -> int:
         return loaded.index.count
 
 
-def _brute_force(server: ServerThread, gallery: str, mu, logvar, metric: str, k: int):
-    """Top-k ids over the server's live items, from its own arrays, by a full scan."""
-    with server.services.holder.acquire(gallery) as loaded:
-        live = loaded.index
-        state = live.snapshot()[0]
-        rows = state.live_rows()
-        distances = pairwise_distance(
-            metric,
-            torch.tensor([mu]), torch.tensor([logvar]),
-            torch.from_numpy(np.asarray(live.mu[rows], np.float32)),
-            torch.from_numpy(np.asarray(live.logvar[rows], np.float32)),
-        )[0].numpy()  # fmt: skip
-        order = np.argsort(distances, kind="stable")[:k]
-        return [r["id"] for r in live.metadata(rows[order].tolist())]
-
-
 def test_added_items_are_found_at_once_and_deleted_ones_never_again(
     live_server: ServerThread, artifacts: Artifacts
 ) -> None:
@@ -99,7 +83,8 @@ def test_added_items_are_found_at_once_and_deleted_ones_never_again(
                 h["id"]
                 for h in _search(http, "image", far_mu, logvar, 10, metric).json()["results"]
             ]
-            assert got == _brute_force(live_server, "image", far_mu, logvar, metric, 10), metric
+            want = _filtered_brute_force(live_server, "image", far_mu, logvar, metric, 10, None)
+            assert got == want[0], metric
         deleted = http.delete("/v1/items/new-1", params={"gallery": "image"}, headers=ADMIN)
         assert deleted.status_code == 200, deleted.text
         after = _search(http, "image", far_mu, logvar)
@@ -183,10 +168,11 @@ def test_writes_survive_a_restart_and_a_compaction_keeps_the_answers(
 
 
 def _filtered_brute_force(server, gallery, mu, logvar, metric, k, spec):
-    """Top-k ids over the live items the filter matches, matched in Python record by record."""
+    """Top-k ids over the server's live items (those the filter matches, record by record in
+    Python; all when `spec` is None), from its own arrays, by a full scan; and their count."""
     from indexer.metadata_filter import MetadataFilter
 
-    wanted = MetadataFilter.parse(spec)
+    wanted = MetadataFilter.parse(spec or {})
     with server.services.holder.acquire(gallery) as loaded:
         live = loaded.index
         state = live.snapshot()[0]
