@@ -87,11 +87,8 @@ def milvus_search_params(search_params: dict[str, Any]) -> dict[str, Any]:
 
 
 class MilvusConnection:
-    """A MilvusClient made on first use (again until one is made), then kept: errors of reach
-    become ShortlistUnavailableError, and the client's gRPC channel reconnects by itself when
-    the server comes back. Dropping and remaking the client after each failure delayed
-    recovery from a restarted Milvus by 8-17 s (benchmarks/milvus_outage.py); a kept client
-    recovers at once."""
+    """A MilvusClient made on first use and again after a failure; errors of reach become
+    ShortlistUnavailableError, so a server that comes back is used without a restart."""
 
     def __init__(self, uri: str, timeout_s: float = TIMEOUT_S) -> None:
         self.uri = uri
@@ -113,6 +110,7 @@ class MilvusConnection:
         except exception as e:
             if _is_not_found(e):
                 raise MilvusCollectionError(str(e.message)) from e
+            self._drop()
             raise ShortlistUnavailableError(
                 f"the Milvus shortlist at {self.uri} is unavailable ({e.message}); retry later"
             ) from e
@@ -123,6 +121,7 @@ class MilvusConnection:
             code = e.code() if isinstance(e, grpc.Call) else None
             if code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 raise
+            self._drop()
             raise ShortlistUnavailableError(
                 f"the Milvus shortlist at {self.uri} is unavailable ({code.name}: "
                 f"{e.details()}); retry later"
