@@ -276,6 +276,12 @@ def add(
     )
     for bad in summary.skipped[:10]:
         typer.echo(f"  skipped {bad.id}: {bad.detail}")
+    if summary.unshown:
+        typer.echo(
+            f"warning: {summary.unshown} pictures lie outside the gallery's image root "
+            f"{summary.image_root or '(none)'}, the one folder the service shows pictures from: "
+            "they are searched, but results cannot show them; copy them under it and add again"
+        )
 
 
 @index_app.command("delete")

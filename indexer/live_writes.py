@@ -28,6 +28,8 @@ class WriteSummary:
     skipped: list[BadItem]
     missing: list[str]
     live_items: int
+    unshown: int = 0  # pictures outside the gallery's image root: searched, never shown
+    image_root: str = ""
 
 
 def add_items(
@@ -42,13 +44,15 @@ def add_items(
     active version; an id the gallery holds is replaced."""
     items = list(open_source(source, modality).items())
     version_root = _image_root(registry, modality)
-    written, skipped, version = 0, [], ""
+    written, skipped, version, unshown = 0, [], "", 0
     for start in range(0, len(items), BATCH_ITEMS):
         batch = [_rooted(item, version_root) for item in items[start : start + BATCH_ITEMS]]
         chunk = embed_chunk(batch, encoder, modality, set(), batch_size, MAX_CAPTION_CHARS)
         skipped += chunk.bad
+        outside = {item.id for item in batch if item.path is not None and item.uri is None}
+        unshown += sum(r["id"] in outside for r in chunk.records)
         puts = [
-            Put(r["id"], chunk.mu[i], chunk.logvar[i], _stored(r),
+            Put(r["id"], chunk.mu[i], chunk.logvar[i], _stored(r, outside),
                 None if chunk.novelty is None else float(chunk.novelty[i]))
             for i, r in enumerate(chunk.records)
         ]  # fmt: skip
@@ -57,7 +61,9 @@ def add_items(
         written += len(puts)
         if progress is not None:
             progress(len(batch))
-    return WriteSummary(version, written, skipped, [], _live_count(registry, modality))
+    count = _live_count(registry, modality)
+    root = str(version_root or "")
+    return WriteSummary(version, written, skipped, [], count, unshown, root)
 
 
 def delete_items(registry: ActiveRegistry, modality: str, ids: Sequence[str]) -> WriteSummary:
@@ -129,15 +135,19 @@ def _image_root(registry: ActiveRegistry, modality: str) -> Path | None:
 
 
 def _rooted(item: GalleryItem, image_root: Path | None) -> GalleryItem:
-    """A picture's uri relative to the gallery's own image root (which serves it), where it
-    lies under it; else its source's."""
-    if item.path is None or image_root is None:
+    """A picture with its uri relative to the gallery's own image root, the one folder the
+    service shows pictures from; a picture outside it gets none (uri None): a uri relative to
+    another folder would name the wrong file, or none, under that root."""
+    if item.path is None:
         return item
-    uri = relative_uri(item.path.resolve(), image_root)
-    if uri.startswith(".."):
-        return item
+    uri = None if image_root is None else relative_uri(item.path.resolve(), image_root.resolve())
+    if uri is not None and uri.startswith(".."):
+        uri = None
     return GalleryItem(item.id, item.text, item.path, item.extra, item.problem, uri)
 
 
-def _stored(record: dict) -> dict:
-    return {key: value for key, value in record.items() if key != "id"}
+def _stored(record: dict, unshown: set[str]) -> dict:
+    """The record a put logs: no id (the put has it), and no uri for a picture outside the
+    image root (embed_chunk would record its absolute path)."""
+    drop = {"id", "uri"} if record["id"] in unshown else {"id"}
+    return {key: value for key, value in record.items() if key not in drop}

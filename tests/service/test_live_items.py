@@ -5,6 +5,7 @@ answered from the cache once deleted, and compacted into a new version under the
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -346,3 +347,43 @@ def test_a_filter_that_matches_nothing_answers_with_no_results(
     assert found.json()["results"] == [] and found.json()["matched"] == 0
     assert found.json()["query"]["shortlist_size"] == 0
     assert caption.status_code == 200 and caption.json()["results"] == []
+
+
+def test_pictures_added_by_the_cli_are_shown_only_from_the_gallerys_image_root(
+    artifacts: Artifacts, service_redis: RedisExecutor, tmp_path
+) -> None:
+    """A picture under the gallery's image root is recorded relative to it and shown; one
+    outside it is searched but recorded without a uri (relative to another folder it would
+    name the wrong file), and the command says so."""
+    import shutil
+
+    from tests.service.conftest import probsearch
+
+    url = redis_url_of(service_redis, 7)
+    root = copy_index_root(artifacts, tmp_path / "root")
+    image_root = Path(open_version(root / "image" / artifacts.image_v1).manifest.image_root)
+    pictures = sorted(artifacts.shapes.rglob("*.png"))[:2]
+    inside = image_root / f"live-test-{tmp_path.name}"
+    outside = tmp_path / "elsewhere"
+    for folder, picture in ((inside, pictures[0]), (outside, pictures[1])):
+        folder.mkdir()
+        shutil.copy(picture, folder / f"{folder.name}.png")
+    common = ["--modality", "image", "--index-root", root, "--redis-url", url,
+              "--model", artifacts.model]  # fmt: skip
+    settings = make_settings(artifacts, index_root=root, redis_url=url, compact_at_rows=0)
+    try:
+        with ServerThread(settings) as server, httpx.Client(base_url=server.url) as http:
+            shown = probsearch("index", "add", *common, "--source", inside)
+            unshown = probsearch("index", "add", *common, "--source", outside)
+            with server.services.holder.acquire("image") as loaded:
+                records = {r["id"]: r for r in (loaded.index.record(i) for i in
+                           (f"{inside.name}.png", "elsewhere.png")) if r}  # fmt: skip
+            inside_image = http.get(f"/v1/items/{inside.name}.png/image")
+            outside_image = http.get("/v1/items/elsewhere.png/image")
+    finally:
+        shutil.rmtree(inside)
+    assert "warning" not in shown and "1 pictures lie outside" in unshown
+    assert str(image_root) in unshown, unshown
+    assert records[f"{inside.name}.png"]["uri"] == f"{inside.name}/{inside.name}.png"
+    assert "uri" not in records["elsewhere.png"]
+    assert inside_image.status_code == 200 and outside_image.status_code == 404
