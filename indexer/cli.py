@@ -18,6 +18,7 @@ from models.command_line import (
     required,
     settings_from,
 )
+from models.onnx import ENCODE_BATCH
 from models.threads import thread_budget
 
 app = typer.Typer(no_args_is_help=True)
@@ -71,7 +72,7 @@ def reindex(
     ] = "",
     index_type: Annotated[str, typer.Option(help="auto|flat|ivf|ivfsq|hnsw|ivfpq")] = "auto",
     dtype: Annotated[str, typer.Option(help="float32|float16 for mu.npy/logvar.npy.")] = "float32",
-    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = ENCODE_BATCH,
     chunk_items: Annotated[int, typer.Option(min=1, help="Items per resumable chunk.")] = 4096,
     activate: Annotated[bool, typer.Option(help="Make the new version active.")] = False,
     redis_url: RedisOpt = None,
@@ -252,7 +253,7 @@ def add(
     model: ModelOpt = None,
     index_root: RootOpt = None,
     redis_url: RedisOpt = None,
-    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = ENCODE_BATCH,
 ) -> None:
     """Add the source's items to the active version without a rebuild (an id the gallery
     holds is replaced); running services serve them on their next request."""

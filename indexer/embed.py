@@ -23,6 +23,7 @@ from tqdm import tqdm
 from indexer.report import BadItem
 from indexer.sources import GalleryItem
 from models.networks.preprocess import DEFAULT_MAX_PIXELS, InvalidImageError, decode_image
+from models.onnx import ENCODE_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def embed_gallery(
     *,
     total: int | None = None,
     chunk_items: int = CHUNK_ITEMS,
-    batch_size: int = 64,
+    batch_size: int = ENCODE_BATCH,
     max_caption_chars: int = MAX_CAPTION_CHARS,
     progress: bool = True,
 ) -> EmbedSummary:

@@ -15,6 +15,7 @@ from indexer.live_log import Delete, Entry, Put
 from indexer.registry import ActiveRegistry, RegistryError
 from indexer.sources import GalleryItem, open_source, relative_uri
 from indexer.store import open_version
+from models.onnx import ENCODE_BATCH
 
 BATCH_ITEMS = 256  # items embedded and logged per write
 
@@ -37,7 +38,7 @@ def add_items(
     modality: str,
     source: Path,
     encoder: Encoder,
-    batch_size: int = 64,
+    batch_size: int = ENCODE_BATCH,
     progress: Callable[[int], None] | None = None,
 ) -> WriteSummary:
     """Embed every item of `source` (a gallery source, as reindex reads) and log it to the

@@ -60,6 +60,7 @@ from indexer.version_writer import (
 )
 from models.distance.gaussian import METRICS, check_metric
 from models.networks.model_config import ModelConfig, model_fingerprint
+from models.onnx import ENCODE_BATCH
 from models.scoring.item_familiarity import ItemGate
 from models.scoring.uncertainty import log_det
 from models.threads import ThreadBudget
@@ -85,7 +86,7 @@ class ReindexJob:
     metrics: tuple[str, ...] = ("w2",)  # empty: inherited_metrics
     index_type: str = "auto"
     dtype: str = "float32"
-    batch_size: int = 64
+    batch_size: int = ENCODE_BATCH
     chunk_items: int = CHUNK_ITEMS
     activate: bool = False
     redis_url: str | None = None

@@ -35,6 +35,7 @@ from indexer.embed import (
 from indexer.report import BadItem
 from indexer.sources import GalleryItem
 from models.networks.model_config import ModelConfig
+from models.onnx import ENCODE_BATCH
 from models.threads import ThreadBudget, available_cpus
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ def embed_gallery_ray(
     *,
     device: str = "auto",
     chunk_items: int,
-    batch_size: int = 64,
+    batch_size: int = ENCODE_BATCH,
     max_caption_chars: int,
     progress: bool = True,
 ) -> EmbedSummary:

@@ -24,6 +24,7 @@ from models.networks.model_config import (
 )
 from models.networks.preprocess import backbone_pixels, images_to_array
 from models.networks.tokenizer import Tokenizer
+from models.onnx import ENCODE_BATCH
 from models.threads import ThreadBudget, thread_budget
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class OnnxEncoder:
         model_dir: Path | str,
         modality: Literal["image", "text"],
         device: str = "auto",
-        batch_size: int = 256,
+        batch_size: int = ENCODE_BATCH,
         threads: ThreadBudget | None = None,
         heads_only: bool = False,
     ) -> None:
