@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from models.datasets.records import PairedDataset
 from models.networks.preprocess import load_image
+from models.onnx import ENCODE_BATCH
 
 FEATURES_DIR = "features"
 Kind = Literal["image", "text"]
@@ -40,7 +41,7 @@ def split_features(
     kind: Kind,
     backbone_key: str,
     encode: Callable[[list], torch.Tensor | np.ndarray],
-    batch_size: int = 64,
+    batch_size: int = ENCODE_BATCH,
 ) -> tuple[list[str], np.ndarray]:
     """The ids and float32 features (N, dim) of the split's images or captions, in the
     dataset's order: read from the cache when it holds exactly these ids, else computed
