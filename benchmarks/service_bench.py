@@ -17,6 +17,7 @@ Scenarios (--scenarios): main (text/image/embedding x 0/16 draws x cache miss/hi
 --concurrency, plus the no-op endpoint), threads (PROBSEARCH_THREADS sweep, text 16 draws at
 c=1 and 16), batching (PROBSEARCH_BATCH_MAX_SIZE=1 vs default), window (the batcher
 waiting 5 ms for company under load vs the default of no wait, text 16 draws at c=2-64),
+concurrency (one batch at a time vs the default's batches at once, text and image, c=1, 16),
 open-loop (--rate per second, Poisson arrivals), gallery (a synthetic gallery of
 --gallery-size Gaussians, 1M by default, searched through /search/embedding with w2 and kl;
 building it takes minutes, cached).
@@ -68,7 +69,7 @@ from service_bench_setup import (  # noqa: E402
     synthetic_gallery,
 )
 
-SCENARIOS = ("main", "threads", "batching", "window", "open-loop", "gallery")
+SCENARIOS = ("main", "threads", "batching", "window", "concurrency", "open-loop", "gallery")
 DEFAULT_SCENARIOS = "main,threads,batching,open-loop"
 ENDPOINTS = ("text", "image", "embedding")
 DRAWS = (0, 16)
@@ -91,7 +92,9 @@ class ServerConfig:
 DEFAULT_SERVER = ServerConfig("default")
 UNBATCHED_SERVER = ServerConfig("batch_max_size=1", (("PROBSEARCH_BATCH_MAX_SIZE", "1"),))
 WINDOW_SERVER = ServerConfig("batch_max_wait_ms=5", (("PROBSEARCH_BATCH_MAX_WAIT_MS", "5"),))
-BATCH_VARIANTS = (UNBATCHED_SERVER, WINDOW_SERVER)  # same threads as default: no raw parts
+ONE_BATCH_SERVER = ServerConfig("batch_concurrency=1", (("PROBSEARCH_BATCH_CONCURRENCY", "1"),))
+# Same threads as default: no raw parts.
+BATCH_VARIANTS = (UNBATCHED_SERVER, WINDOW_SERVER, ONE_BATCH_SERVER)
 GALLERY_SERVER = ServerConfig("gallery", (("PROBSEARCH_GALLERIES", "image"),), gallery=True)
 
 
@@ -173,6 +176,14 @@ def plan_cells(args: argparse.Namespace) -> dict[str, list[Cell]]:
                     replace(text16, server=server, concurrency=c, background=background)
                     for c in (2, 4, 16, 64)
                 ]
+        if "concurrency" in cells:
+            for server in (DEFAULT_SERVER, ONE_BATCH_SERVER):
+                cells["concurrency"] += [
+                    replace(text16, server=server, endpoint=endpoint, concurrency=c,
+                            background=background)
+                    for endpoint in ("text", "image")
+                    for c in (1, 16)
+                ]  # fmt: skip
         if "open-loop" in cells:
             cells["open-loop"].append(
                 replace(text16, concurrency=0, rate=args.rate, background=background)
@@ -376,7 +387,8 @@ def run_all(args: argparse.Namespace, plan: dict[str, list[Cell]], state: RunSta
             run_rounds(context, compared)
 
 
-COMPARED = ("threads", "batching", "window")  # scenarios whose cells are measured in rounds
+# Scenarios whose cells are measured in rounds.
+COMPARED = ("threads", "batching", "window", "concurrency")
 
 
 def run_rounds(context: ServerContext, cells: list[Cell]) -> None:

@@ -35,6 +35,8 @@ SCENARIO_TITLES = {
     "batching": "Micro-batching off (batch_max_size=1) vs on (default), text with 16 draws",
     "window": "Batcher window: 5 ms under load (batch_max_wait_ms=5) vs none (default), "
     "text with 16 draws, cache misses",
+    "concurrency": "Batches at once: one (batch_concurrency=1) vs the default (CPUs // pool "
+    "threads: 2 on 2 cores), 16 draws, cache misses",
     "open-loop": "Offered rate (open loop, Poisson arrivals), text with 16 draws, cache misses",
     "gallery": "Synthetic gallery through /search/embedding, cache misses",
 }

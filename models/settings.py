@@ -173,6 +173,8 @@ class Settings(BaseSettings):
 
     # Micro-batching.
     batch_max_size: int = Field(32, ge=1)
+    # Batches of one batcher that may run at once; 0: models.threads.concurrent_batches.
+    batch_concurrency: int = Field(0, ge=0)
     # 0: a batch takes what has arrived and waits for nothing (service.batching: a window
     # only delayed queries at low concurrency on CPU; it may pay where a batch costs about
     # the same as one query, e.g. on a GPU).

@@ -76,6 +76,14 @@ def thread_budget(role: Role, override: int | None = None, workers: int = 1) -> 
     raise ValueError(f"unknown role {role!r}; choose batch or serve")
 
 
+def concurrent_batches(threads: ThreadBudget, workers: int = 1) -> int:
+    """How many micro-batches of one kind a serving process runs at once: enough for its
+    one-thread-a-batch pools to fill this worker's share of the CPUs, at least one. On 2 cores
+    (one worker, one thread a pool) that is 2: a text search's encoder and its scoring run one
+    after another in a batch, so one batch at a time kept the server at 1.0 core."""
+    return max(1, available_cpus() // (max(1, workers) * threads.intra_op))
+
+
 def configure_torch_threads(threads: int | ThreadBudget | None = None) -> int:
     """Size torch's intra-op pool (an int, a budget's intra_op, or by default the batch rule)
     and its inter-op pool (1); returns the intra-op thread count."""

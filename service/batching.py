@@ -32,7 +32,10 @@ class MicroBatcher(Generic[ItemT, ResultT]):
     QPS at 4 and 16 clients by a third and a fifth, and gained nothing at 64 (1044 against
     1078 QPS). `process` runs in a dedicated worker thread, never on the event loop.
     `thread_initializer` runs once in that thread (per-thread settings such as OpenMP's thread
-    count belong there). At most `max_queue` items wait;
+    count belong there). With `concurrency` > 1, that many batches may run at once, each in a
+    worker thread of its own: while one runs, the next gathers and starts, so a process whose
+    numeric pools hold one thread each can keep more than one core busy. At most `max_queue`
+    items wait;
     beyond that, submit() raises OverloadedError (HTTP 503) instead of queueing without bound.
 
     With `inline_when_alone`, an item submitted with `alone=True` (the caller knows no other
@@ -54,9 +57,10 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         name: str = "batcher",
         thread_initializer: Callable[[], object] | None = None,
         inline_when_alone: bool = False,
+        concurrency: int = 1,
     ) -> None:
-        if max_size < 1 or max_wait_s < 0:
-            raise ValueError("max_size must be >= 1 and max_wait_s >= 0")
+        if max_size < 1 or max_wait_s < 0 or concurrency < 1:
+            raise ValueError("max_size and concurrency must be >= 1 and max_wait_s >= 0")
         self._process = process
         self._max_size = max_size
         self._max_wait_s = max_wait_s
@@ -67,27 +71,33 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         self._inline_when_alone = inline_when_alone
         self._last_batch_size = 0
         self._failures = OutageLog(log, f"{name}: a batch")
-        self._busy = False  # a batch is being gathered or processed
+        self._concurrency = concurrency
+        self._busy = 0  # batches being gathered or processed
         self._queue: asyncio.Queue[tuple[ItemT, asyncio.Future]] | None = None
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._executor: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
         """Start the gathering loop on the running event loop."""
         self._queue = asyncio.Queue(maxsize=self._max_queue)
         self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=self._name, initializer=self._thread_initializer
+            max_workers=self._concurrency,
+            thread_name_prefix=self._name,
+            initializer=self._thread_initializer,
         )
-        self._task = asyncio.create_task(self._run(), name=self._name)
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"{self._name}-{n}")
+            for n in range(self._concurrency)
+        ]
         if self._inline_when_alone and self._thread_initializer is not None:
             self._thread_initializer()
 
     async def stop(self) -> None:
         """Stop gathering; items still waiting fail with OverloadedError."""
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         if self._queue is not None:
             while not self._queue.empty():
                 _, future = self._queue.get_nowait()
@@ -98,7 +108,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
 
     async def submit(self, item: ItemT, *, alone: bool = False) -> ResultT:
         """Queue `item` and wait for its result (or its error); `alone`: see the class doc."""
-        if self._queue is None or self._task is None or self._task.done():
+        if self._queue is None or not self._tasks or any(t.done() for t in self._tasks):
             raise OverloadedError("the search worker is not running; retry shortly")
         if alone and self._inline_when_alone and self._queue.empty() and not self._busy:
             return self._process_now(item)
@@ -152,14 +162,14 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
-            self._busy = False
+            self._busy -= 1
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[tuple[ItemT, asyncio.Future]]:
         """Wait for a first item, then collect what is queued, and under load (the last batch
         held more than one item) what arrives until the batch is full or the wait ends."""
         assert self._queue is not None
         batch = [await self._queue.get()]
-        self._busy = True
+        self._busy += 1
         wait_s = self._max_wait_s if self._last_batch_size > 1 else 0.0
         deadline = loop.time() + wait_s
         while len(batch) < self._max_size:

@@ -21,7 +21,7 @@ from models.onnx.encoder_runtime import OnnxEncoder
 from models.scoring.known_words import KnownWords
 from models.scoring.rerank import compute_device
 from models.settings import Settings
-from models.threads import thread_budget
+from models.threads import concurrent_batches, thread_budget
 from service.batching import MicroBatcher
 from service.cache import ResultCache
 from service.compactor import Compactor
@@ -203,6 +203,7 @@ def build_services(settings: Settings, metrics: ServiceMetrics) -> Services:
             # A lone caption or embedding query is quick enough to run on the event loop; an
             # image query with MC draws is not (it would hold up every other request).
             inline_when_alone=settings.batch_inline_when_alone and name == "search-batcher",
+            concurrency=settings.batch_concurrency or concurrent_batches(threads, settings.workers),
         )
         for name in ("search-batcher", "image-batcher")
     )

@@ -56,3 +56,15 @@ def test_the_setting_overrides_every_role(monkeypatch: pytest.MonkeyPatch) -> No
 def test_one_cpu_still_gets_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threads, "available_cpus", lambda: 1)
     assert threads.thread_budget("serve", workers=2).intra_op == 1
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "setting", "batches"),
+    [(2, 1, None, 2), (2, 2, None, 1), (2, 1, 2, 1), (16, 1, None, 2), (1, 1, None, 1)],
+)
+def test_concurrent_batches_fill_the_worker_share(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, workers: int, setting: int | None, batches: int
+) -> None:
+    monkeypatch.setattr(threads, "available_cpus", lambda: cpus)
+    budget = threads.thread_budget("serve", setting, workers)
+    assert threads.concurrent_batches(budget, workers) == batches

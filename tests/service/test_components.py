@@ -48,6 +48,42 @@ def test_batcher_gathers_concurrent_items_off_the_event_loop() -> None:
     assert len(batches) < 10  # concurrent items were really batched
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_batcher_runs_up_to_concurrency_batches_at_once(concurrency: int) -> None:
+    """Each batch waits at a two-party barrier: only two batches in flight at once pass it,
+    one batch at a time times out there (the item's error)."""
+    barrier = threading.Barrier(2, timeout=2.0)
+    threads: set[int] = set()
+
+    def process(items):
+        threads.add(threading.get_ident())
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError as error:
+            return [error] * len(items)
+        return list(items)
+
+    async def scenario():
+        batcher = MicroBatcher(process, max_size=1, max_wait_s=0, concurrency=concurrency)
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit(i) for i in range(2)),
+                                        return_exceptions=True)  # fmt: skip
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(scenario())
+    if concurrency == 2:
+        assert results == [0, 1] and len(threads) == 2
+    else:
+        assert isinstance(results[0], threading.BrokenBarrierError) and len(threads) == 1
+
+
+def test_batcher_refuses_no_concurrency() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        MicroBatcher(lambda items: list(items), max_size=1, max_wait_s=0, concurrency=0)
+
+
 def test_batcher_closes_a_batch_after_the_wait() -> None:
     async def scenario():
         batcher = MicroBatcher(lambda items: list(items), max_size=100, max_wait_s=0.02)

@@ -276,10 +276,12 @@ def test_mc_draws_do_not_depend_on_the_micro_batch(artifacts: Artifacts) -> None
 
     from tests.service.conftest import make_settings
 
-    # Inline queries are batches of one; this test needs batches of several.
+    # Inline queries are batches of one, and a second batch in flight takes what the first
+    # leaves; this test needs batches of several.
     settings = make_settings(
-        artifacts, cache_ttl_s=0, batch_max_wait_ms=200.0, batch_inline_when_alone=False
-    )
+        artifacts, cache_ttl_s=0, batch_max_wait_ms=200.0, batch_inline_when_alone=False,
+        batch_concurrency=1,
+    )  # fmt: skip
     texts = ["two yellow stars", "a red circle", "a blue box above a green ball", "shapes"]
     with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=60) as http:
 
