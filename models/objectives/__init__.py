@@ -1,6 +1,7 @@
 """Training objectives: what a batch of image and caption embeddings costs.
 
 - hinge: the bidirectional hinge triplet loss of VSE++ / Pishdad et al. on -distance.
+- infonce: CLIP's symmetric contrastive cross-entropy on the same similarity, at a temperature.
 - pcme: PCME's soft contrastive loss on the sampled match probability.
 - pcmepp: PCME++'s BCE on the closed-form sampled distance, with pseudo-positives.
 Each can add the VIB term (KL to N(0, I)) for the Gaussian modalities and the uniformity term.
@@ -23,6 +24,7 @@ from models.objectives.hinge import (
     hinge_triplet_loss,
     similarity_matrix,
 )
+from models.objectives.infonce import infonce_loss
 from models.objectives.match_probability import pcme_loss, pcmepp_loss
 from models.objectives.regularizers import (
     outlier_ranking_loss,
@@ -30,8 +32,6 @@ from models.objectives.regularizers import (
     uniformity_loss,
     vib_loss,
 )
-
-OBJECTIVES: tuple[str, ...] = ("hinge", "pcme", "pcmepp")
 
 # The match logit's initial shift b of an objective that does not start from the model's
 # default (5): PCME's logit is -a * ||z_i - z_j|| + b with a = 5, and two unrelated unit means
@@ -94,14 +94,24 @@ def batch_loss(
         similarity = similarity_matrix(
             model_config.model_type, model_config.metric, *image, *caption
         )  # (B, M)
-        loss = hinge_triplet_loss(
-            similarity,
-            batch.caption_image,
-            train_config.margin,
-            negatives,
-            batch.matches,
-            caption_side_matches=train_config.positives != "plausible_images",
-        )
+        spare_captions = train_config.positives != "plausible_images"
+        if train_config.objective == "infonce":
+            loss = infonce_loss(
+                similarity,
+                batch.caption_image,
+                train_config.temperature,
+                batch.matches,
+                caption_side_matches=spare_captions,
+            )
+        else:
+            loss = hinge_triplet_loss(
+                similarity,
+                batch.caption_image,
+                train_config.margin,
+                negatives,
+                batch.matches,
+                caption_side_matches=spare_captions,
+            )
     swaps = batch.counterfactuals is not None or batch.swapped_images is not None
     if swaps and train_config.counterfactual_weight > 0:
         loss = loss + train_config.counterfactual_weight * _counterfactual_term(
