@@ -132,15 +132,19 @@ def demo_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
 
 
 def clipart_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
-    """gcie-spread on the pretrained backbones (docs/results-clipart-backbones.md): means from
-    the hinge loss on cosine, each variance fitted to the spread of the item's plausible
-    matches, with the batch and learning rate chosen on val for the heads."""
+    """gcie-spread-nce on the pretrained backbones (docs/results-clipart-backbones.md): means
+    from InfoNCE on cosine (T = 0.1, the batch's other plausible matches out of the softmax),
+    each variance fitted to the spread of the item's plausible matches, with the batch and
+    learning rate chosen on val for the heads. On test (3 seeds) it ties vse-nce and is ahead
+    of the hinge-trained gcie-spread by 3.1 t2i P@1, and its reject score's nAUPRC is higher
+    too (0.776 and 0.797 against 0.756 and 0.752), though no higher than the top-1 distance's."""
     model = ModelConfig(
         model_type="gcie", metric="cosine", embed_dim=plan.embed_dim, variance_reads_only=True,
         name="probsearch-clipart", **BACKBONES,
     )  # fmt: skip
     training = TrainConfig(
         epochs=plan.epochs, patience=plan.patience, variance_objective="spread",
+        objective="infonce", temperature=0.1, positives="plausible",
         batch_size=128, lr=1e-3, seed=plan.seed,
     )  # fmt: skip
     return model, training
