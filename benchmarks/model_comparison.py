@@ -124,6 +124,9 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
                             **BACKBONES},
         {"variance_objective": "spread", **NCE_TRAINING, **HEADS_TRAINING}, "w2",
         reference="vse-nce"),
+    # gcie-w2's caption log-det follows ambiguity best with the hinge; the same with InfoNCE
+    Run("gcie-w2-nce", {"model_type": "gcie", "metric": "w2", **BACKBONES},
+        {"vib_beta": 1e-4, **NCE_TRAINING, **HEADS_TRAINING}, "w2", reference="vse-nce"),
 )
 # fmt: on
 BASELINE = "vse"
