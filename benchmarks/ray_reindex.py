@@ -28,6 +28,7 @@ from ray_kill_resume import REPO, make_model
 from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
 from models.networks.model_config import ModelConfig
+from models.onnx import ENCODE_BATCH
 
 RUNS = {  # name -> extra reindex flags
     "local (1 process, the batch budget: half the CPUs)": ["--engine", "local"],
@@ -76,7 +77,7 @@ def main() -> None:
              f"python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}",
              "```", "", f"Machine: {os.cpu_count()} CPUs shared with other jobs (load average"
              f" {os.getloadavg()[0]:.1f} at the end); {described};"
-             f" chunks of {args.chunk_items} images, batches of 64.", "",
+             f" chunks of {args.chunk_items} images, batches of {ENCODE_BATCH}.", "",
              "| engine | images | wall s | images/s |", "| --- | --- | --- | --- |",
              *rows]  # fmt: skip
     args.out.write_text("\n".join(lines) + "\n")
