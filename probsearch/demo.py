@@ -339,11 +339,22 @@ def build_demo(
 def user_version(registry: ActiveRegistry, gallery: str, paths: DemoPaths) -> str | None:
     """The active version of `gallery` when a user activated one built from a source other
     than the demo's data (their own pictures or captions), else None: the demo then activates
-    its own, and never takes the slot from theirs."""
+    its own, and never takes the slot from theirs. A version the demo's state file names is
+    the demo's, even when the cache dir has moved since it was built (its manifest then
+    names the old data path)."""
     manifest = active_manifest(registry, gallery)
-    if manifest is None or Path(manifest.source) == paths.data.resolve():
+    if manifest is None or manifest.version == _demo_versions(paths).get(gallery):
+        return None
+    if Path(manifest.source) == paths.data.resolve():
         return None
     return manifest.version
+
+
+def _demo_versions(paths: DemoPaths) -> dict[str, str]:
+    """gallery -> the version the demo's indexes stage built, from its state file."""
+    path = paths.root / STATE_FILE
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    return dict(state.get("indexes", {}).get("result") or {})
 
 
 EXAMPLE_CANDIDATES = 60  # test captions / images tried for each example

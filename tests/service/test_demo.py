@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -156,6 +157,19 @@ def test_a_changed_recipe_retrains_the_cached_model(tmp_path: Path, monkeypatch)
     _save_state(paths, _stage_keys(SMALL_PLAN), results)
     monkeypatch.setattr("probsearch.demo.DEMO_OUTLIERS", 0.5)
     assert _done_stages(paths, _stage_keys(SMALL_PLAN)) == {"data": True}
+
+
+def test_a_moved_cache_dir_still_shows_the_examples(
+    first_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The demo's versions name the data path they were built from; after the cache dir
+    moved, the demo took its own galleries for the user's and skipped its examples."""
+    cache, _ = first_run
+    moved = tmp_path / "moved-cache"
+    shutil.copytree(cache, moved)
+    out = run_demo(moved, NO_REDIS).stdout
+    assert "keeping your" not in out
+    assert "# text -> images" in out and "your own gallery is active" not in out
 
 
 def test_a_rerun_keeps_the_gallery_you_activated(
