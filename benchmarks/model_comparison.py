@@ -51,7 +51,14 @@ from models.evaluation.evaluate import EvalConfig, evaluate_model
 from models.evaluation.report import write_report
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
-from probsearch.demo import DEMO_COUNTERFACTUALS, DEMO_OUTLIER_RANKING, DEMO_OUTLIERS, DEMO_TRUNK
+from probsearch.demo import (
+    DEMO_COUNTERFACTUALS,
+    DEMO_OUTLIER_RANKING,
+    DEMO_OUTLIERS,
+    DEMO_TRUNK,
+    NCE_TRAINING,
+)
+from probsearch.demo import HEADS_TRAINING as DEMO_HEADS_TRAINING
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,7 @@ CLIPART_RUNS: tuple[Run, ...] = (
 # collapsed); every run gets the same budget.
 BACKBONES = {"image_backbone": "efficientnet-lite0", "text_backbone": "all-minilm-l6-v2",
              "embed_dim": 256}
-HEADS_TRAINING = {"batch_size": 128, "lr": 1e-3, "patience": 10}
-NCE_TRAINING = {"objective": "infonce", "temperature": 0.1, "positives": "plausible"}
+HEADS_TRAINING = {**DEMO_HEADS_TRAINING, "patience": 10}
 PRETRAINED_RUNS: tuple[Run, ...] = (
     Run("vse", {"model_type": "vse", **BACKBONES}, HEADS_TRAINING, "w2"),
     Run("gcie-spread", {"model_type": "gcie", "metric": "cosine", "variance_reads_only": True,
@@ -117,8 +123,7 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
         {"variance_objective": "spread", **HEADS_TRAINING}, "w2"),
     Run("gcie-w2", {"model_type": "gcie", "metric": "w2", **BACKBONES},
         {"vib_beta": 1e-4, **HEADS_TRAINING}, "w2"),
-    # InfoNCE at T = 0.1 with the batch's other plausible matches left out of the softmax: on
-    # val (3 seeds, models.objectives.infonce) the best recipe for both vse and gcie-spread.
+    # The demo's objective (probsearch.demo.NCE_TRAINING)
     Run("vse-nce", {"model_type": "vse", **BACKBONES}, {**NCE_TRAINING, **HEADS_TRAINING}, "w2"),
     Run("gcie-spread-nce", {"model_type": "gcie", "metric": "cosine", "variance_reads_only": True,
                             **BACKBONES},

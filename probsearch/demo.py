@@ -91,6 +91,11 @@ SMALL_PLAN = DemoPlan(
 # docs/results-clipart-backbones.md (at most 60 epochs, patience 10), MC dropout in the heads.
 CLIPART_PLAN = DemoPlan(dataset="clipart", epochs=60, patience=10, embed_dim=256, mc_samples=16)
 BACKBONES = {"image_backbone": "efficientnet-lite0", "text_backbone": "all-minilm-l6-v2"}
+# The heads' batch and learning rate, chosen on val for vse (benchmarks/model_comparison.py),
+# and InfoNCE at T = 0.1 with the batch's other plausible matches out of the softmax: on val
+# (3 seeds, models.objectives.infonce) the best objective for both vse and gcie-spread.
+HEADS_TRAINING = {"batch_size": 128, "lr": 1e-3}
+NCE_TRAINING = {"objective": "infonce", "temperature": 0.1, "positives": "plausible"}
 
 # Each caption ranks its image above the image re-rendered with one shape swapped
 # (models.datasets.counterfactuals), at this weight: single-object P@1 41.9 +- 6.1 -> 57.5 +-
@@ -144,8 +149,7 @@ def clipart_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
     )  # fmt: skip
     training = TrainConfig(
         epochs=plan.epochs, patience=plan.patience, variance_objective="spread",
-        objective="infonce", temperature=0.1, positives="plausible",
-        batch_size=128, lr=1e-3, seed=plan.seed,
+        seed=plan.seed, **NCE_TRAINING, **HEADS_TRAINING,
     )  # fmt: skip
     return model, training
 
@@ -217,10 +221,15 @@ def _stage_keys(plan: DemoPlan) -> dict[str, dict[str, Any]]:
     return keys
 
 
+def _read_state(paths: DemoPaths) -> dict[str, Any]:
+    """The state file: each built stage's key and result ({} before the first build)."""
+    path = paths.root / STATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _done_stages(paths: DemoPaths, keys: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Results of the stages built for these keys, in order, up to the first stale one."""
-    path = paths.root / STATE_FILE
-    state = json.loads(path.read_text()) if path.is_file() else {}
+    state = _read_state(paths)
     done: dict[str, Any] = {}
     for name, key in keys.items():
         entry = state.get(name)
@@ -352,9 +361,7 @@ def user_version(registry: ActiveRegistry, gallery: str, paths: DemoPaths) -> st
 
 def _demo_versions(paths: DemoPaths) -> dict[str, str]:
     """gallery -> the version the demo's indexes stage built, from its state file."""
-    path = paths.root / STATE_FILE
-    state = json.loads(path.read_text()) if path.is_file() else {}
-    return dict(state.get("indexes", {}).get("result") or {})
+    return dict(_read_state(paths).get("indexes", {}).get("result") or {})
 
 
 EXAMPLE_CANDIDATES = 60  # test captions / images tried for each example
