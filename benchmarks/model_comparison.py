@@ -158,7 +158,9 @@ LABELS = {
 RETRIEVAL = {"P@1": "P@1", "r_precision": "R-P", "pmrp": "PMRP", "R@1": "R@1"}
 RETRIEVAL |= {"R@1_ceiling": "R@1 ceiling", "R@5": "R@5", "R@10": "R@10"}
 COMPARED = ("P@1", "r_precision", "pmrp")  # the figures of the findings
-SINGLE = "P@1_single_object"  # t2i P@1 of captions naming one object, when the report has it
+# t2i P@1 of subsets of the queries, shown when the report has them: captions naming one
+# object (shapes), and each distinct caption text counted once (clip art repeats its texts)
+SUBSETS = {"P@1_single_object": "P@1 single object", "P@1_distinct_texts": "P@1 distinct texts"}
 
 Figures = dict[str, float]  # one seed's figures, by key "<section>/<direction>/<name>"
 Choices = dict[str, str]  # one seed's val choices: "<direction>/<score>" -> chosen name
@@ -323,7 +325,7 @@ def retrieval_figures(test: dict, metric: str, section: str) -> Figures:
     return {
         f"{section}/{d}/{key}": test["metrics"][metric][d]["retrieval"].get(key, math.nan)
         for d in DIRECTIONS
-        for key in (*RETRIEVAL, SINGLE)
+        for key in (*RETRIEVAL, *SUBSETS)
     }
 
 
@@ -485,13 +487,17 @@ Results = dict[str, list[SeedResult]]  # run name -> one result per seed
 
 def retrieval_section(runs: list[Run], stats: Stats) -> list[str]:
     """Per direction, every retrieval figure of each run's own metric; then the extra metrics.
-    The t2i table also shows P@1 of single-object captions when the report has it."""
+    The t2i table also shows P@1 of the query subsets (SUBSETS) the report has."""
     lines = []
     for d in DIRECTIONS:
-        keys = list(RETRIEVAL)
-        if any(stats[r.name].get(f"retrieval/{d}/{SINGLE}", Stat.of([])).n for r in runs):
-            keys.insert(1, SINGLE)
-        header = ["model", "metric", *(RETRIEVAL.get(k, "P@1 single object") for k in keys)]
+        present = [
+            k
+            for k in SUBSETS
+            if any(stats[r.name].get(f"retrieval/{d}/{k}", Stat.of([])).n for r in runs)
+        ]
+        first, *rest = RETRIEVAL
+        keys = [first, *present, *rest]
+        header = ["model", "metric", *({**RETRIEVAL, **SUBSETS}[k] for k in keys)]
         rows = [
             [run.name, run.metric, *(stats[run.name][f"retrieval/{d}/{k}"].text() for k in keys)]
             for run in runs

@@ -4,6 +4,7 @@ experiment, as one JSON-ready report (models.evaluation.report renders it)."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ from models.evaluation.rejection_metrics import auroc, rejection_summary, spearm
 from models.evaluation.retrieval_metrics import (
     DistanceChunk,
     GroupRelevance,
+    RankingResult,
+    per_distinct_query,
     pmrp_relevances,
     rank_queries,
     summarize_ranking,
@@ -344,6 +347,23 @@ def is_single_object(caption: CaptionRecord) -> bool:
     return only.count == 1 and only.shape is not None and only.color is not None
 
 
+def caption_query_subsets(
+    captions: Sequence[CaptionRecord], result: RankingResult
+) -> dict[str, float | int]:
+    """t2i P@1 (%) of the captions that name one object, and over distinct caption texts
+    (retrieval_metrics.per_distinct_query), with their query counts."""
+    top1 = result.top1_hit["r_precision"]
+    single = np.array([is_single_object(c) for c in captions], dtype=bool)
+    answerable = result.relevant_count["r_precision"] > 0
+    texts = [c.text for c, keep in zip(captions, answerable, strict=True) if keep]
+    return {
+        "P@1_single_object": 100.0 * float(top1[single].mean()) if single.any() else math.nan,
+        "single_object_queries": int(single.sum()),
+        "P@1_distinct_texts": per_distinct_query(top1[answerable], texts),
+        "distinct_text_queries": len(set(texts)),
+    }
+
+
 def direction_setup(split: SplitEmbeddings, direction: str):
     """(queries, gallery, ground-truth relevance, R-Precision sets) of i2t or t2i."""
     images, captions = split.dataset.images, split.dataset.captions
@@ -383,10 +403,7 @@ def evaluate_direction(
     ambiguity = np.log(np.maximum(result.relevant_count["r_precision"], 1))
     retrieval = summarize_ranking(result)
     if direction == "t2i":
-        single = np.array([is_single_object(c) for c in split.dataset.captions])
-        hits = result.top1_hit["r_precision"][single]
-        retrieval["P@1_single_object"] = 100.0 * float(hits.mean()) if hits.size else float("nan")
-        retrieval["single_object_queries"] = int(single.sum())
+        retrieval |= caption_query_subsets(split.dataset.captions, result)
     section = {
         "retrieval": retrieval,
         "rejection": rejection_summary(scores, correct, config.deciles, config.seed),

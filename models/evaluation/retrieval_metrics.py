@@ -8,7 +8,7 @@ with an irrelevant one is ranked after it, so a model that outputs constant dist
 chance, never at 100%.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -197,6 +197,24 @@ def rank_queries(
         shortlist=shortlist,
         shortlist_distances=shortlist_distances,
     )
+
+
+def per_distinct_query(hits: np.ndarray, texts: Sequence[str]) -> float:
+    """Percentage of distinct query texts answered correctly: the mean over distinct texts of
+    the mean of `hits` (Q,) over the queries that share the text.
+
+    Clip art's captions repeat: on its test split 1,069 captions carry 637 texts, and one of them
+    ("a drawing of star, shape, geometry") is 121 queries, so the plain P@1 moves by about 11
+    points with that one text's first result. Counting each text once measures how many kinds
+    of request the model answers, not how often the most frequent one is asked.
+    """
+    if len(texts) != len(hits):
+        raise ValueError(f"{len(hits)} hits but {len(texts)} texts")
+    if not len(hits):
+        return float("nan")
+    _, group = np.unique(np.asarray(texts, dtype=object).astype(str), return_inverse=True)
+    per_text = np.bincount(group, weights=hits.astype(np.float64)) / np.bincount(group)
+    return 100.0 * float(per_text.mean())
 
 
 def recall_at_k(ranks: np.ndarray, k: int) -> float:

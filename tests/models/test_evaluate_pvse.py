@@ -138,6 +138,12 @@ def test_retrieval_figures_match_a_loop_over_the_pairs(
     assert t2i_retrieval["single_object_queries"] == len(single)
     if single:
         assert t2i_retrieval["P@1_single_object"] == pytest.approx(100 * top1[single].mean())
+    by_text: dict[str, list[bool]] = {}
+    for caption, hit in zip(embedded.dataset.captions, top1, strict=True):
+        by_text.setdefault(caption.text, []).append(bool(hit))
+    per_text = [np.mean(hits) for hits in by_text.values()]
+    assert t2i_retrieval["distinct_text_queries"] == len(by_text)
+    assert t2i_retrieval["P@1_distinct_texts"] == pytest.approx(100 * np.mean(per_text))
 
 
 def test_scores_come_from_the_max_pair_distances_of_the_draws(embedded: SplitEmbeddings) -> None:

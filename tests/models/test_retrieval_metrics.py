@@ -3,12 +3,15 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from models.evaluation.retrieval_metrics import (
     GroupRelevance,
     LabelRelevance,
     count_top_hits,
     median_rank,
+    per_distinct_query,
     pmrp_relevances,
     rank_queries,
     recall_at_k,
@@ -146,3 +149,27 @@ def test_bad_inputs_are_reported() -> None:
         rank_queries(chunks_of(np.array([[np.nan, 0.0]]), 1), 1, matched, {})
     with pytest.raises(ValueError, match="did not cover"):
         rank_queries(chunks_of(np.zeros((1, 2)), 1), 2, GroupRelevance(np.ones(2), np.ones(2)), {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcde"), st.booleans()), min_size=1, max_size=40))
+def test_per_distinct_query_counts_each_text_once(queries: list[tuple[str, bool]]) -> None:
+    groups: dict[str, list[bool]] = {}
+    for text, hit in queries:
+        groups.setdefault(text, []).append(hit)
+    want = 100.0 * sum(sum(h) / len(h) for h in groups.values()) / len(groups)
+    texts, hits = zip(*queries, strict=True)
+    assert per_distinct_query(np.array(hits), list(texts)) == pytest.approx(want)
+
+
+def test_a_repeated_text_weighs_as_much_as_any_other() -> None:
+    hits = np.array([True] * 9 + [False])
+    texts = ["a star"] * 9 + ["a pink hexagon"]
+    assert per_distinct_query(hits, texts) == pytest.approx(50.0)
+    assert 100 * hits.mean() == pytest.approx(90.0)
+
+
+def test_per_distinct_query_checks_its_lengths() -> None:
+    with pytest.raises(ValueError, match="2 hits but 1 texts"):
+        per_distinct_query(np.array([True, False]), ["a"])
+    assert np.isnan(per_distinct_query(np.array([], dtype=bool), []))
