@@ -492,6 +492,15 @@ class TrainConfig:
     pseudo_positive_weight: Annotated[
         float, Option("PCME++ weight of the pseudo-positive loss")
     ] = 0.1
+    # PCME++'s mixed-sample data augmentation (models.training.mixed_samples): this share of
+    # each batch's images is mixed with another image of the batch (mixup or cutmix), and
+    # matches the two images' captions with soft labels lambda and 1 - lambda (the paper:
+    # 0.25). Pixels only: refused on pretrained backbones (their cached features are no
+    # images). pcmepp objective only, the one whose BCE takes soft labels. 0 = off.
+    mixed_sample_fraction: float = 0.0
+    # PCME++'s label smoothing of the match labels: t -> (1 - s) t + s (1 - t) (the paper:
+    # 1e-4, with the mixed samples). pcmepp objective only. 0 = off.
+    match_label_smoothing: float = 0.0
     grad_clip: float = 2.0
     captions_per_image: int = 0  # captions of each image per batch (0 = all of them)
     # The labels (e.g. "purple star") are read off the image mean by a linear probe
@@ -597,3 +606,24 @@ class TrainConfig:
             raise ConfigError("synthetic outliers train with the hinge objective only")
         if self.match_samples < 1:
             raise ConfigError("match samples J must be >= 1")
+        if not 0.0 <= self.mixed_sample_fraction <= 1.0:
+            raise ConfigError(
+                f"mixed sample fraction must be in [0, 1], got {self.mixed_sample_fraction}"
+            )
+        if not 0.0 <= self.match_label_smoothing < 0.5:
+            raise ConfigError(
+                f"match label smoothing must be in [0, 0.5), got {self.match_label_smoothing}"
+            )
+        soft = self.mixed_sample_fraction > 0 or self.match_label_smoothing > 0
+        if soft and self.objective != "pcmepp":
+            raise ConfigError(
+                "mixed samples and match label smoothing give soft match labels, which only "
+                "the pcmepp objective takes"
+            )
+        # Their targets are those of the unmixed images.
+        aids = ("counterfactual_weight", "label_weight", "attribute_weight")
+        if self.mixed_sample_fraction > 0 and any(getattr(self, a) for a in aids):
+            raise ConfigError(
+                "mixed samples cannot train with counterfactual_weight, label_weight or "
+                "attribute_weight (their targets are the unmixed images'); leave them at 0"
+            )

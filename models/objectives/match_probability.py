@@ -20,6 +20,13 @@ fine-tuned from pretrained backbones that works, but trained from scratch on sha
 in 32) it stayed at its trivial value (every p at the base rate, BCE 0.137 against 0.139):
 a, b and the per-item sum of variances, which shifts all of an item's logits at once, reached
 that value faster than the means learnt to tell the pairs apart (docs/results-pcme.md).
+
+PCME++'s labels can also be soft (its mixed-sample augmentation and label smoothing,
+models.training.mixed_samples): a pair with label t in [0, 1] is a positive with weight t and
+a negative with weight 1 - t, and each class is averaged over its weights (`soft_balanced_bce`).
+With 0/1 labels that is the balanced mean above; with soft ones each class still weighs 1 in
+all, and a pair's optimum keeps the balanced loss's shift of the odds: p / (1 - p) =
+t / (1 - t) x (negatives' weight / positives' weight), as a hard pair's does.
 """
 
 from __future__ import annotations
@@ -92,23 +99,57 @@ def pcmepp_loss(
 ) -> torch.Tensor:
     """PCME++'s loss of a batch: BCE of sigmoid(-a * csd + b) against `matches`, plus
     `pseudo_positive_weight` x the same BCE with the pseudo-positives counted as matches; each
-    BCE the mean over its matching pairs plus the mean over the others."""
+    BCE the mean over its matching pairs plus the mean over the others.
+
+    `matches` (B, M) is bool, or float soft labels in [0, 1] (mixed samples, label smoothing:
+    models.training.mixed_samples), then the BCE is `soft_balanced_bce` and a pseudo-positive
+    gets its row's largest label, as PCME++'s code gives it its row's ground-truth label."""
     csd = pairwise_distance("csd", *image, *caption)  # (B, M)
     logits = -scale * csd + shift
     loss = _bce(logits, matches)
     if pseudo_positive_weight <= 0:
         return loss
     own = positive_mask(image[0].shape[0], caption_image)
-    relabelled = matches | pseudo_positives(csd.detach(), own, caption_image)
+    pseudo = pseudo_positives(csd.detach(), own, caption_image)
+    if matches.dtype == torch.bool:
+        relabelled = matches | pseudo
+    else:
+        relabelled = torch.where(pseudo, matches.amax(dim=1, keepdim=True), matches)
     return loss + pseudo_positive_weight * _bce(logits, relabelled)
 
 
 def _bce(logits: torch.Tensor, matches: torch.Tensor) -> torch.Tensor:
-    """Balanced binary cross-entropy of match logits (B, M) against `matches` (B, M) bool."""
+    """Balanced binary cross-entropy of match logits (B, M) against `matches` (B, M): bool,
+    or float soft labels (`soft_balanced_bce`)."""
+    if matches.dtype != torch.bool:
+        return soft_balanced_bce(logits, matches)
     per_pair = F.binary_cross_entropy_with_logits(
         logits, matches.to(logits.dtype), reduction="none"
     )
     return balanced_mean(per_pair, matches)
+
+
+def soft_balanced_bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The balanced BCE of logits (B, M) against soft labels `targets` (B, M) in [0, 1]:
+    sum t (-ln p) / sum t + sum (1 - t) (-ln(1 - p)) / sum (1 - t), p = sigmoid(logit); a class
+    with no weight in the batch adds 0.
+
+    Each pair is a positive with weight t and a negative with weight 1 - t, so with 0/1 labels
+    this is `balanced_mean` of the BCE (the mean of -ln p over the positives plus that of
+    -ln(1 - p) over the negatives). Not chosen (by argument, not measured): averaging the
+    per-pair soft BCE within the hard classes would put a mixed image's pairs with its
+    partner's captions (label 1 - lambda) among the negatives and weigh their "match" part as
+    a negative's; thresholding t would drop what the soft label says. Label smoothing s moves
+    a weight of s x (number of negatives) into the positive class: 0.5 of about 160 for a
+    shapes batch at PCME++'s s = 1e-4."""
+    weights = (targets, 1.0 - targets)
+    losses = (-F.logsigmoid(logits), -F.logsigmoid(-logits))  # -ln p, -ln(1 - p)
+    total = logits.new_zeros(())
+    for weight, loss in zip(weights, losses, strict=True):
+        mass = weight.sum()
+        if mass > 0:
+            total = total + (weight * loss).sum() / mass
+    return total
 
 
 def pseudo_positives(

@@ -22,6 +22,7 @@ import torch
 from models.datasets.outliers import synthetic_outliers
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.networks.preprocess import normalize_uint8
+from models.training.mixed_samples import MixedSamples, mix_images
 from models.training.training_data import SplitTensors, caption_batch, image_batch
 
 Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # image rows, caption rows, owner
@@ -32,7 +33,8 @@ class PreparedBatch:
     """One batch's inputs on the CPU. `images` holds the real images, then `outliers`
     synthetic outliers; `plausible` (B + outliers, M) has all-False rows for the outliers;
     `image_swaps` is (normalised pixels (K_i, 3, H, W), caption positions each swap makes
-    miss (K,), swapped image of each (K,)) or None."""
+    miss (K,), swapped image of each (K,)) or None; `mixed` says which real images were
+    mixed with another of the batch (`mixed_sample_fraction`), or None."""
 
     rows: Rows
     images: torch.Tensor
@@ -41,6 +43,7 @@ class PreparedBatch:
     lengths: torch.Tensor
     plausible: torch.Tensor | None
     image_swaps: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    mixed: MixedSamples | None = None
 
 
 def prepare_batch(
@@ -49,10 +52,17 @@ def prepare_batch(
     config: TrainConfig,
     model_config: ModelConfig,
     outlier_rng: np.random.Generator,
+    mix_rng: np.random.Generator | None = None,
 ) -> PreparedBatch:
-    """The inputs of the batch `rows` (see PreparedBatch)."""
+    """The inputs of the batch `rows` (see PreparedBatch); with `mixed_sample_fraction`, some
+    real images mixed with others of the batch, drawn from `mix_rng`."""
     image_rows, caption_rows, _ = rows
     images = image_batch(split, image_rows, model_config)
+    mixed = None
+    if config.mixed_sample_fraction > 0:
+        if mix_rng is None:
+            raise ValueError("mixed_sample_fraction needs a mix_rng")
+        images, mixed = mix_images(images, config.mixed_sample_fraction, mix_rng)
     count = round(config.outlier_fraction * len(image_rows))
     if count:
         pixels = synthetic_outliers(count, model_config.image_size, outlier_rng)
@@ -64,7 +74,7 @@ def prepare_batch(
         plausible = torch.cat([plausible, plausible.new_zeros(count, plausible.shape[1])])
     ids, lengths = caption_batch(split, caption_rows)
     swaps = _image_swaps(split, rows, config, model_config)
-    return PreparedBatch(rows, images, count, ids, lengths, plausible, swaps)
+    return PreparedBatch(rows, images, count, ids, lengths, plausible, swaps, mixed)
 
 
 def _image_swaps(

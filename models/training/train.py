@@ -47,6 +47,7 @@ from models.scoring.known_words import KnownWords
 from models.scoring.uncertainty import log_det
 from models.training.batches import PreparedBatch, prefetched, prepare_batch
 from models.training.feature_splits import load_feature_splits
+from models.training.mixed_samples import soft_match_targets
 from models.training.training_data import (
     SplitTensors,
     caption_batch,
@@ -56,6 +57,7 @@ from models.training.training_data import (
 )
 
 OUTLIER_STREAM = 7  # the synthetic outliers' random stream, apart from batches and dropout
+MIX_STREAM = 11  # the mixed samples' random stream (mixed_sample_fraction)
 LAST_STATE_FILE = "last.pt"  # optimizer + model state after the latest epoch (for --resume)
 HISTORY_FILE = "history.json"  # one report per epoch
 RECALL_KS = (1, 5, 10)
@@ -224,13 +226,14 @@ def train_epoch(
     generator = torch.Generator(device=device).manual_seed(config.seed * 100_003 + epoch)
     negatives = "sum" if epoch < config.warmup_epochs else config.negatives
     outlier_rng = np.random.default_rng([config.seed, epoch, OUTLIER_STREAM])
+    mix_rng = np.random.default_rng([config.seed, epoch, MIX_STREAM])
     total, steps = 0.0, 0
     batches = list(
         epoch_batches(split, config.batch_size, config.captions_per_image, config.seed, epoch)
     )
     prepare = functools.partial(
         prepare_batch, split=split, config=config, model_config=model.config,
-        outlier_rng=outlier_rng,
+        outlier_rng=outlier_rng, mix_rng=mix_rng,
     )  # fmt: skip
     for batch in tqdm(
         prefetched(batches, prepare), total=len(batches), desc=f"epoch {epoch}", leave=False,
@@ -271,6 +274,9 @@ def _gaussian_batch_loss(
     plausible = None if batch.plausible is None else batch.plausible.to(device)
     own = torch.arange(len(image_mu), device=device)[:, None] == owner[None, :]
     matches = own if config.positives == "pairs" else plausible
+    if config.mixed_sample_fraction > 0 or config.match_label_smoothing > 0:
+        # float soft labels: the pcmepp objective, the only one allowed these, takes them
+        matches = soft_match_targets(matches, batch.mixed, config.match_label_smoothing)
     embedded = BatchEmbeddings(
         image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible,
         batch.outliers, _swapped_captions(model, split, caption_rows, generator, config),
@@ -469,9 +475,11 @@ def _fit_novelty(model: ProbabilisticModel, split: SplitTensors, seed: int, out:
 
 def _refuse_for_backbones(config: TrainConfig) -> None:
     """The training aids that need pixels or a trunk to train: synthetic outlier images,
-    swapped captions and images, and the label and attribute probes of the trunk."""
+    swapped captions and images, the label and attribute probes of the trunk, and mixed
+    samples (a mixture of two cached feature vectors is no feature of a mixed image)."""
     for name in (
         "outlier_fraction",
+        "mixed_sample_fraction",
         "counterfactual_weight",
         "label_weight",
         "attribute_weight",
@@ -505,6 +513,8 @@ def _image_probes(
             "outlier_fraction",
             "outlier_ranking_weight",
             "counterfactual_weight",
+            "mixed_sample_fraction",
+            "match_label_smoothing",
         ):
             if getattr(train_config, name):
                 raise ConfigError(f"{name} is not supported for pvse models; leave it at 0")
