@@ -497,10 +497,14 @@ class TrainConfig:
     # matches the two images' captions with soft labels lambda and 1 - lambda (the paper:
     # 0.25). Pixels only: refused on pretrained backbones (their cached features are no
     # images). pcmepp objective only, the one whose BCE takes soft labels. 0 = off.
-    mixed_sample_fraction: float = 0.0
+    mixed_sample_fraction: Annotated[
+        float, Option("pcmepp, pixels only: share of each batch's images mixed (mixup / cutmix)")
+    ] = 0.0
     # PCME++'s label smoothing of the match labels: t -> (1 - s) t + s (1 - t) (the paper:
     # 1e-4, with the mixed samples). pcmepp objective only. 0 = off.
-    match_label_smoothing: float = 0.0
+    match_label_smoothing: Annotated[
+        float, Option("pcmepp: label smoothing of the match labels")
+    ] = 0.0
     grad_clip: float = 2.0
     captions_per_image: int = 0  # captions of each image per batch (0 = all of them)
     # The labels (e.g. "purple star") are read off the image mean by a linear probe
