@@ -36,20 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.datasets.records import load_dataset, plausible_match_matrix
 from models.evaluation.evaluate import EvalConfig, embed_split
-from models.objectives.regularizers import SPREAD_FLOOR
+from models.objectives.regularizers import SPREAD_FLOOR, spread_target
 
 
 def gallery_targets(image_mu: np.ndarray, plausible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per caption (rows of plausible (C, I)): the spread objective's log-det target over the
-    whole gallery, and the trace of its plausible images' covariance."""
-    floor = np.log(SPREAD_FLOOR) * image_mu.shape[1]
-    log_det, trace = np.full(len(plausible), floor), np.zeros(len(plausible))
-    for row, mask in enumerate(plausible):
-        if mask.sum() > 1:
-            spread = image_mu[mask].var(axis=0)  # (D,)
-            log_det[row] = np.log(spread + SPREAD_FLOOR).sum()
-            trace[row] = spread.sum()
-    return log_det, trace
+    whole gallery, and the trace of its plausible images' covariance (the target without the
+    floor)."""
+    target = spread_target(
+        torch.from_numpy(image_mu).double(), torch.from_numpy(plausible.T).double()
+    ).numpy()  # (C, D)
+    return np.log(target).sum(axis=1), (target - SPREAD_FLOOR).sum(axis=1)
 
 
 def rank_correlation(x: np.ndarray, y: np.ndarray) -> float:

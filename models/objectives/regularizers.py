@@ -61,13 +61,20 @@ def partner_spread_loss(
         image_weights[-outliers:] = 1.0
 
     def nll(partner_mu: torch.Tensor, w: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-        count = w.sum(0).clamp_min(1.0)[:, None]  # (N, 1) partners per item (columns of w)
-        mean = (w.T @ partner_mu) / count  # (N, D)
-        spread = (w.T @ partner_mu.pow(2)) / count - mean.pow(2)  # (N, D)
-        target = spread.clamp_min(0.0) + SPREAD_FLOOR
+        target = spread_target(partner_mu, w)
         return 0.5 * (target * torch.exp(-logvar) + logvar).sum(-1).mean()
 
     return nll(image[0], weights, caption[1]) + nll(caption[0], image_weights.T, image[1])
+
+
+def spread_target(partner_mu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The variance `partner_spread_loss` fits: for each column of weights (P, N), the
+    per-dimension variance of the partners' means (P, D) it weights, plus SPREAD_FLOOR (the
+    floor alone for an item with one partner or none). (N, D)."""
+    count = weights.sum(0).clamp_min(1.0)[:, None]  # (N, 1) partners per item
+    mean = (weights.T @ partner_mu) / count  # (N, D)
+    spread = (weights.T @ partner_mu.pow(2)) / count - mean.pow(2)  # (N, D)
+    return spread.clamp_min(0.0) + SPREAD_FLOOR
 
 
 OUTLIER_LOG_DET_MARGIN_PER_DIM = math.log(2.0)
