@@ -232,7 +232,7 @@ class Settings(BaseSettings):
 
     def uvicorn_options(self) -> dict[str, Any]:
         """Server options that bound idle and slow connections (the body deadline is the
-        app's own: service.http.middleware.BodyReadTimeoutMiddleware), and whose forwarded
+        app's own: service.http.transport.BodyReadTimeoutMiddleware), and whose forwarded
         headers are believed: only those of `trusted_proxies` (uvicorn's default trusts
         127.0.0.1, so a forged X-Forwarded-For through a local proxy chose the address)."""
         return {

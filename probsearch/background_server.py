@@ -6,8 +6,8 @@ import time
 import uvicorn
 
 from models.settings import Settings
-from service.http.connections import server_options
 from service.http.main import create_app
+from service.http.transport import server_options
 
 
 class BackgroundServer:

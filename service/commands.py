@@ -31,8 +31,8 @@ def serve(
     """Run the HTTP query service (every setting also reads PROBSEARCH_*; flags win)."""
     import uvicorn
 
-    from service.http.connections import server_options
     from service.http.main import create_app
+    from service.http.transport import server_options
 
     overrides = {
         "index_root": index_root,

@@ -1,5 +1,5 @@
 """FastAPI dependencies: the long-lived services on app.state and API keys (the JSON search
-bodies are read by service.http.json_request).
+bodies are read by service.http.schemas).
 
 Every dependency is `async def` although none awaits: FastAPI runs a plain `def` dependency in
 its thread pool, and those hand-offs cost more than the search's own arithmetic on a small

@@ -12,8 +12,8 @@ from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect
 
 from service.errors import InvalidQueryError, PayloadTooLargeError, UnsupportedMediaTypeError
-from service.http.middleware import BodyReadTimeoutError
 from service.http.schemas import ImageSearchRequest, SearchOptions
+from service.http.transport import BodyReadTimeoutError
 
 
 async def read_image_request(request: Request, max_bytes: int) -> tuple[bytes, SearchOptions]:

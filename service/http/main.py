@@ -29,7 +29,11 @@ from service.errors import HANDLED_ERRORS, TooManyFailedAttemptsError, status_of
 from service.gallery_stats import GalleryStats
 from service.http.auth_limit import FailedAuthLimiter
 from service.http.deps import SearchAuth
-from service.http.middleware import (
+from service.http.openapi_limits import install_openapi_limits
+from service.http.routes import admin, health, items, page, search
+from service.http.routes.docs import install_docs
+from service.http.schemas import AUTH_ERROR_RESPONSES
+from service.http.transport import (
     BodyReadTimeoutError,
     BodyReadTimeoutMiddleware,
     BodySizeLimitMiddleware,
@@ -37,10 +41,6 @@ from service.http.middleware import (
     UnhandledErrorMiddleware,
     error_response,
 )
-from service.http.openapi_limits import install_openapi_limits
-from service.http.routes import admin, health, items, page, search
-from service.http.routes.docs import install_docs
-from service.http.schemas import AUTH_ERROR_RESPONSES
 from service.image_decode import (
     ImageDecoder,
     default_concurrent_decodes,

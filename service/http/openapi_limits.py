@@ -18,7 +18,7 @@ from fastapi.openapi.utils import get_openapi
 
 from models.networks.model_config import ConfigError, ModelConfig
 from models.settings import Settings
-from service.http.json_request import add_body_schemas
+from service.http.schemas import add_body_schemas
 
 SEARCH_PATHS = ("/search/text", "/search/image", "/search/embedding")
 NON_BLANK = r"\S"  # at least one character that is not whitespace

@@ -1,5 +1,5 @@
-"""service.http.json_request against the independent path FastAPI took before it: json.loads, then
-pydantic validation of the Python objects."""
+"""service.http.schemas.read_json_request against the independent path FastAPI took before
+it: json.loads, then pydantic validation of the Python objects."""
 
 import json
 
@@ -11,8 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from service.http.json_request import add_body_schemas, json_body_schema, read_json_request
-from service.http.schemas import EmbeddingSearchRequest, TextSearchRequest
+from service.http.schemas import (
+    EmbeddingSearchRequest,
+    TextSearchRequest,
+    add_body_schemas,
+    json_body_schema,
+    read_json_request,
+)
 
 JSON_SCALARS = (
     st.none()

@@ -11,7 +11,6 @@ from fastapi import APIRouter, Query, Request, Response
 from service import item_writes
 from service.errors import InvalidQueryError, ItemNotFoundError
 from service.http.deps import AdminAuth, SearchAuth, ServicesDep
-from service.http.json_request import json_body_schema, read_json_request
 from service.http.schemas import (
     ADMIN_ERROR_RESPONSES,
     ERROR_RESPONSES,
@@ -19,6 +18,8 @@ from service.http.schemas import (
     ErrorResponse,
     ItemWriteRequest,
     ItemWriteResponse,
+    json_body_schema,
+    read_json_request,
 )
 from service.http.search_flow import decode_image
 from service.http.vectors import backbone_vector, gaussian

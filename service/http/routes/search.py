@@ -8,13 +8,14 @@ from fastapi import APIRouter, Request, Response
 
 from service.http.deps import ServicesDep
 from service.http.image_request import read_image_request
-from service.http.json_request import json_body_schema, read_json_request
 from service.http.schemas import (
     SEARCH_ERROR_RESPONSES,
     EmbeddingSearchRequest,
     ImageSearchRequest,
     SearchOptions,
     TextSearchRequest,
+    json_body_schema,
+    read_json_request,
 )
 from service.http.search_flow import Answer, answer
 from service.http.vectors import backbone_vector, gaussian
