@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 
 from indexer.active_record import ActiveRecord
-from indexer.calibration_inheritance import uncalibrated_metrics
+from indexer.calibration_inheritance import familiarity_gate, uncalibrated_metrics
 from indexer.live_index import LiveIndex, VersionMovedError, WriteResult
 from indexer.live_log import Entry, LiveLogError
 from indexer.registry import ActiveRegistry, ActiveSides
@@ -40,6 +40,10 @@ class LoadedIndex:
         self.version = version
         self.generation = generation  # of the activation it was loaded for
         self.index = index
+        # read once here, not per query: a version's calibration is fixed once it is published
+        self.uncalibrated_metrics = tuple(uncalibrated_metrics(index.manifest))
+        # what a caption gallery's calibration says of the pictures image queries may return
+        self.familiarity_gate = familiarity_gate(index.manifest) if modality == "text" else None
         self.in_flight = 0
         self.retired = False
 
@@ -53,7 +57,7 @@ class LoadedIndex:
 
 def calibration_warning(loaded: LoadedIndex) -> str:
     """A sentence when the version serves metrics without a rejection threshold, else ""."""
-    missing = uncalibrated_metrics(loaded.index.manifest)
+    missing = loaded.uncalibrated_metrics
     if not missing:
         return ""
     return (

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from indexer.calibration_inheritance import familiarity_gate, uncalibrated_metrics
 from indexer.live_index import LiveWriteError
 from indexer.metadata_filter import FilterError, MetadataFilter
 from indexer.store import UnsupportedMetricError
@@ -456,7 +455,7 @@ class Searcher:
         so it never counts as uncalibrated."""
         indexed = self._indexed_metrics(loaded)
         manifest = loaded.index.manifest
-        uncalibrated = set(uncalibrated_metrics(manifest))
+        uncalibrated = set(loaded.uncalibrated_metrics)
         if not set(manifest.metrics) - uncalibrated:  # nothing calibrated
             return indexed
         return [m for m in indexed if m not in uncalibrated]
@@ -539,7 +538,7 @@ class Searcher:
         if loaded.modality != "image":
             return None
         captions = next((c for c in self.holder.loaded() if c.modality == "text"), None)
-        return familiarity_gate(captions.index.manifest) if captions is not None else None
+        return captions.familiarity_gate if captions is not None else None
 
     def _finish_max_pair(self, loaded: LoadedIndex, plan: _Plan) -> SearchResponse:
         """A pvse query: best-pair ranking and its scores, on its own."""
