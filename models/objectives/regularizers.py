@@ -60,20 +60,30 @@ def partner_spread_loss(
         weights[-outliers:] = 0.0
         image_weights[-outliers:] = 1.0
 
-    def nll(partner_mu: torch.Tensor, w: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-        target = spread_target(partner_mu, w)
-        return 0.5 * (target * torch.exp(-logvar) + logvar).sum(-1).mean()
+    caption_target = spread_target(image[0], weights)
+    image_target = spread_target(caption[0], image_weights.T)
+    return spread_nll(caption_target, caption[1]) + spread_nll(image_target, image[1])
 
-    return nll(image[0], weights, caption[1]) + nll(caption[0], image_weights.T, image[1])
+
+def spread_nll(target: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """Mean over items of 0.5 * sum over dims of (t / sigma^2 + ln sigma^2), (N, D) -> ():
+    the Gaussian NLL of the variance alone, minimal exactly at sigma^2 = target."""
+    return 0.5 * (target * torch.exp(-logvar) + logvar).sum(-1).mean()
 
 
 def spread_target(partner_mu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The variance `partner_spread_loss` fits: for each column of weights (P, N), the
+    """The variance the spread objectives fit: for each column of weights (P, N), the
     per-dimension variance of the partners' means (P, D) it weights, plus SPREAD_FLOOR (the
-    floor alone for an item with one partner or none). (N, D)."""
-    count = weights.sum(0).clamp_min(1.0)[:, None]  # (N, 1) partners per item
-    mean = (weights.T @ partner_mu) / count  # (N, D)
-    spread = (weights.T @ partner_mu.pow(2)) / count - mean.pow(2)  # (N, D)
+    floor alone for an item with one partner or none). (N, D).
+
+    `weights` may be a sparse COO tensor: the whole-gallery objective
+    (variance_objective "gallery_spread", models.training.gallery_spread) passes every
+    caption's plausible images among thousands, of which a caption has a handful."""
+    by_item = weights.t()  # (N, P)
+    ones = partner_mu.new_ones(partner_mu.shape[0], 1)
+    count = (by_item @ ones).clamp_min(1.0)  # (N, 1) partners per item
+    mean = (by_item @ partner_mu) / count  # (N, D)
+    spread = (by_item @ partner_mu.pow(2)) / count - mean.pow(2)  # (N, D)
     return spread.clamp_min(0.0) + SPREAD_FLOOR
 
 
