@@ -23,6 +23,7 @@ MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
 COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-one-value")
 IMAGE_POOLINGS: tuple[str, ...] = ("grid", "objects")
 POSITIVES: tuple[str, ...] = ("pairs", "plausible", "plausible_images")
+VARIANCE_OBJECTIVES: tuple[str, ...] = ("", "spread", "gallery_spread", "pcmepp")
 OBJECTIVES: tuple[str, ...] = ("hinge", "infonce", "pcme", "pcmepp")
 COUNTERFACTUALS: tuple[str, ...] = ("captions", "images", "both")
 CAPTION_SWAPS: tuple[str, ...] = ("shape", "color", "size")  # words a swapped caption changes
@@ -457,8 +458,9 @@ class TrainConfig:
     variance_objective: Annotated[
         str,
         Option(
-            "'' | spread (each variance = the spread of the item's plausible matches) | pcmepp "
-            "(PCME++ on the detached means)"
+            "'' | spread (each variance = the spread of the item's plausible matches in the "
+            "batch) | gallery_spread (the same over the whole training split, its means "
+            "recomputed each epoch) | pcmepp (PCME++ on the detached means)"
         ),
     ] = ""
     # Which pairs of a batch are never negatives; with "plausible_images" an image still ranks
@@ -572,9 +574,10 @@ class TrainConfig:
             )
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
-        if self.variance_objective not in ("", "pcmepp", "spread"):
+        if self.variance_objective not in VARIANCE_OBJECTIVES:
             raise ConfigError(
-                f"unknown variance objective {self.variance_objective!r}; choose pcmepp or none"
+                f"unknown variance objective {self.variance_objective!r}; choose one of "
+                f"{', '.join(VARIANCE_OBJECTIVES[1:])} or none"
             )
         if self.positives not in POSITIVES:
             raise ConfigError(

@@ -9,7 +9,8 @@ With a variance_objective the means come from the objective alone and the varian
 loss on the detached means: "pcmepp" fits PCME++'s match probability sigmoid(-a * csd + b);
 "spread" makes each variance the spread of the item's plausible matches in the batch (it
 needs a dataset that records what each caption names; with own pairs only, every item has
-one partner and gets the floor variance).
+one partner and gets the floor variance); "gallery_spread" the same over the whole training
+split, with targets the training loop computes each epoch (models.training.gallery_spread).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from models.objectives.match_probability import pcme_loss, pcmepp_loss
 from models.objectives.regularizers import (
     outlier_ranking_loss,
     partner_spread_loss,
+    spread_nll,
     uniformity_loss,
     vib_loss,
 )
@@ -64,6 +66,9 @@ class BatchEmbeddings:
     # Images with one object's shape swapped (K, D) each, one per caption they make miss, and
     # the caption (K,) each one is scored with.
     swapped_images: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # The whole-gallery spread targets of the batch's images (B, D) and captions (M, D), for
+    # variance "gallery_spread" (models.training.gallery_spread).
+    spread_targets: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def batch_loss(
@@ -120,6 +125,9 @@ def batch_loss(
     frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
     if train_config.variance_objective == "spread" and batch.partners is not None:
         loss = loss + partner_spread_loss(*frozen_means, batch.partners, batch.outliers)
+    if train_config.variance_objective == "gallery_spread" and batch.spread_targets is not None:
+        image_target, caption_target = batch.spread_targets
+        loss = loss + spread_nll(image_target, image[1]) + spread_nll(caption_target, caption[1])
     if train_config.outlier_ranking_weight > 0:
         loss = loss + train_config.outlier_ranking_weight * outlier_ranking_loss(
             batch.image_logvar, batch.outliers

@@ -47,6 +47,7 @@ from models.scoring.known_words import KnownWords
 from models.scoring.uncertainty import log_det
 from models.training.batches import PreparedBatch, prefetched, prepare_batch
 from models.training.feature_splits import load_feature_splits
+from models.training.gallery_spread import GallerySpread, gallery_spread
 from models.training.mixed_samples import soft_match_targets
 from models.training.training_data import (
     SplitTensors,
@@ -222,6 +223,7 @@ def train_epoch(
 ) -> float:
     """One pass over the training images; returns the mean batch loss (with `probes`, plus
     their weighted losses)."""
+    targets = _gallery_targets(model, split, config, device)
     model.train()
     generator = torch.Generator(device=device).manual_seed(config.seed * 100_003 + epoch)
     negatives = "sum" if epoch < config.warmup_epochs else config.negatives
@@ -246,9 +248,22 @@ def train_epoch(
                 batch.rows[2].to(device), plausible, config, negatives, generator,
             )  # fmt: skip
         else:
-            loss = _gaussian_batch_loss(model, split, config, batch, negatives, generator, probes)
+            loss = _gaussian_batch_loss(
+                model, split, config, batch, negatives, generator, probes, targets
+            )
         total, steps = total + _step(model, optimizer, loss, config), steps + 1
     return total / max(steps, 1)
+
+
+def _gallery_targets(
+    model: ProbabilisticModel, split: SplitTensors, config: TrainConfig, device: torch.device
+) -> GallerySpread | None:
+    """The epoch's whole-gallery spread targets (variance_objective "gallery_spread"), from
+    the deterministic means of the heads as they start the epoch; None for other objectives."""
+    if config.variance_objective != "gallery_spread" or model.config.model_type == "pvse":
+        return None
+    image_mu, _, caption_mu, _ = encode_split(model, split, device)
+    return gallery_spread(image_mu, caption_mu, split.plausible_pairs)
 
 
 def _gaussian_batch_loss(
@@ -259,10 +274,11 @@ def _gaussian_batch_loss(
     negatives: str,
     generator: torch.Generator,
     probes: ImageProbes | None,
+    targets: GallerySpread | None = None,
 ) -> torch.Tensor:
     """The objective of one batch of a non-pvse model. Synthetic outliers, when asked for,
     join the images after the real ones and match no caption; swapped images are encoded with
-    them and scored apart."""
+    them and scored apart. `targets`: the epoch's whole-gallery spread targets, if any."""
     device = next(model.parameters()).device
     image_rows, caption_rows, owner = batch.rows
     owner = owner.to(device)
@@ -281,6 +297,7 @@ def _gaussian_batch_loss(
         image_mu, image_logvar, caption_mu, caption_logvar, owner, matches, plausible,
         batch.outliers, _swapped_captions(model, split, caption_rows, generator, config),
         swapped_images,
+        None if targets is None else targets.of_batch(image_rows, caption_rows, batch.outliers),
     )  # fmt: skip
     match = (model.match_scale, model.match_shift)
     loss = batch_loss(embedded, model.config, config, match, negatives, generator)

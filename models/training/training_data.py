@@ -124,6 +124,26 @@ class SplitTensors:
         return torch.from_numpy(self._matcher.matrix(captions, image_rows.cpu().numpy())).T
 
     @cached_property
+    def plausible_pairs(self) -> torch.Tensor:
+        """Sparse float32 (N_cap, N_img): 1 where a caption plausibly matches an image of the
+        whole split (only its own image without caption records). The partners of the
+        whole-gallery spread objective (models.training.gallery_spread); judged once per split
+        and kept sparse, since a caption matches a handful of thousands of images."""
+        if self.plausible is not None:
+            dense = self.plausible.numpy()
+        elif self.caption_records:
+            dense = self._matcher.matrix(self.caption_records)
+        else:
+            dense = np.zeros((self.num_captions, self.num_images), dtype=bool)
+            dense[np.arange(self.num_captions), self.caption_image.numpy()] = True
+        rows, columns = np.nonzero(dense)
+        indices = torch.from_numpy(np.stack([rows, columns]))
+        values = torch.ones(len(rows), dtype=torch.float32)
+        return torch.sparse_coo_tensor(
+            indices, values, dense.shape, check_invariants=True
+        ).coalesce()
+
+    @cached_property
     def _matcher(self) -> PlausibleMatcher:
         """Judges captions against every image of the split, remembering each descriptor set."""
         return PlausibleMatcher(self.image_records)
