@@ -19,7 +19,8 @@ correlation counting each distinct caption text once (clip art repeats its texts
 With --evaluate, also the split's retrieval and rejection figures (models.evaluation.evaluate,
 at --metric, MC seed = the training seed; cached in the model dir), and mean +- sd over the
 seeds of each variance objective (variance_objective "gallery_spread" fits the whole-gallery
-target in training: models.training.gallery_spread).
+target in training, "plausible_count" a target set by the caption's number of plausible
+training images instead: models.training.gallery_spread).
 
     python benchmarks/spread_target.py --data D --model-dir M [--model-dir M2 ...] --out F \
         [--evaluate]

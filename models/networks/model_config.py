@@ -23,7 +23,13 @@ MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
 COVARIANCES: tuple[str, ...] = ("ellipsoidal", "spherical-avgpool", "spherical-one-value")
 IMAGE_POOLINGS: tuple[str, ...] = ("grid", "objects")
 POSITIVES: tuple[str, ...] = ("pairs", "plausible", "plausible_images")
-VARIANCE_OBJECTIVES: tuple[str, ...] = ("", "spread", "gallery_spread", "pcmepp")
+VARIANCE_OBJECTIVES: tuple[str, ...] = (
+    "",
+    "spread",
+    "gallery_spread",
+    "plausible_count",
+    "pcmepp",
+)
 OBJECTIVES: tuple[str, ...] = ("hinge", "infonce", "pcme", "pcmepp")
 COUNTERFACTUALS: tuple[str, ...] = ("captions", "images", "both")
 CAPTION_SWAPS: tuple[str, ...] = ("shape", "color", "size")  # words a swapped caption changes
@@ -460,7 +466,9 @@ class TrainConfig:
         Option(
             "'' | spread (each variance = the spread of the item's plausible matches in the "
             "batch) | gallery_spread (the same over the whole training split, its means "
-            "recomputed each epoch) | pcmepp (PCME++ on the detached means)"
+            "recomputed each epoch) | plausible_count (from floor to the gallery's spread by "
+            "ln #plausible matches in the training split / ln #candidates) | pcmepp (PCME++ "
+            "on the detached means)"
         ),
     ] = ""
     # Which pairs of a batch are never negatives; with "plausible_images" an image still ranks

@@ -10,7 +10,9 @@ loss on the detached means: "pcmepp" fits PCME++'s match probability sigmoid(-a 
 "spread" makes each variance the spread of the item's plausible matches in the batch (it
 needs a dataset that records what each caption names; with own pairs only, every item has
 one partner and gets the floor variance); "gallery_spread" the same over the whole training
-split, with targets the training loop computes each epoch (models.training.gallery_spread).
+split, and "plausible_count" a target that grows with the item's number of plausible matches
+in the training split; the training loop computes these two each epoch
+(models.training.gallery_spread).
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ class BatchEmbeddings:
     # Images with one object's shape swapped (K, D) each, one per caption they make miss, and
     # the caption (K,) each one is scored with.
     swapped_images: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    # The whole-gallery spread targets of the batch's images (B, D) and captions (M, D), for
-    # variance "gallery_spread" (models.training.gallery_spread).
+    # The whole-gallery targets of the batch's images (B, D) and captions (M, D), handed by
+    # the training loop for the variance objectives that have them (GALLERY_TARGETS of
+    # models.training.gallery_spread) and fitted with spread_nll.
     spread_targets: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
@@ -125,7 +128,7 @@ def batch_loss(
     frozen_means = ((image[0].detach(), image[1]), (caption[0].detach(), caption[1]))
     if train_config.variance_objective == "spread" and batch.partners is not None:
         loss = loss + partner_spread_loss(*frozen_means, batch.partners, batch.outliers)
-    if train_config.variance_objective == "gallery_spread" and batch.spread_targets is not None:
+    if batch.spread_targets is not None:
         image_target, caption_target = batch.spread_targets
         loss = loss + spread_nll(image_target, image[1]) + spread_nll(caption_target, caption[1])
     if train_config.outlier_ranking_weight > 0:

@@ -1,7 +1,7 @@
 """Regularisers of PCME (Chun et al., supplementary A): the variational information bottleneck
 KL(N(mu, sigma^2) || N(0, I)) and the uniformity of the means on the unit sphere; the variance
-objectives that fit a variance to the spread of an item's partners and rank synthetic
-outliers above real images."""
+objectives that fit a variance to the spread of an item's partners (or to how many it has)
+and rank synthetic outliers above real images."""
 
 from __future__ import annotations
 
@@ -79,12 +79,46 @@ def spread_target(partner_mu: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     `weights` may be a sparse COO tensor: the whole-gallery objective
     (variance_objective "gallery_spread", models.training.gallery_spread) passes every
     caption's plausible images among thousands, of which a caption has a handful."""
+    return partner_variance(partner_mu, weights) + SPREAD_FLOOR
+
+
+def partner_count(weights: torch.Tensor) -> torch.Tensor:
+    """How many partners each column of weights (P, N), dense or sparse COO, has (its sum):
+    (N, 1)."""
+    ones = torch.ones(weights.shape[0], 1, dtype=weights.dtype, device=weights.device)
+    return weights.t() @ ones
+
+
+def partner_variance(partner_mu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """For each column of weights (P, N), dense or sparse COO, the per-dimension variance of
+    the partners' means (P, D) it weights (ddof 0; 0 for one partner or none): (N, D)."""
     by_item = weights.t()  # (N, P)
-    ones = partner_mu.new_ones(partner_mu.shape[0], 1)
-    count = (by_item @ ones).clamp_min(1.0)  # (N, 1) partners per item
+    count = partner_count(weights).clamp_min(1.0)  # (N, 1) partners per item
     mean = (by_item @ partner_mu) / count  # (N, D)
     spread = (by_item @ partner_mu.pow(2)) / count - mean.pow(2)  # (N, D)
-    return spread.clamp_min(0.0) + SPREAD_FLOOR
+    return spread.clamp_min(0.0)
+
+
+def count_target(count: torch.Tensor, total: int, gallery: torch.Tensor) -> torch.Tensor:
+    """The variance variance_objective "plausible_count" fits (models.training.gallery_spread):
+    geometrically between SPREAD_FLOOR and the gallery's spread by the share of the log count,
+
+        ln t_{n,d} = ln SPREAD_FLOOR + (ln n / ln total) * (ln g_d - ln SPREAD_FLOOR),
+
+    for count (N,) partners of each item (clamped to >= 1) out of `total` candidates and
+    gallery (D,) the per-dimension variance of every candidate's mean (clamped to >=
+    SPREAD_FLOOR): an item with one partner gets the floor, one with every candidate the
+    gallery's spread, monotone in between. (N, D).
+
+    Why not the partners' spread: under InfoNCE with plausible positives the means of a
+    generic caption's many partners are pulled together, so their spread hardly follows
+    ambiguity (clip art: Spearman +0.34 with ln(#plausible) on train), while the count itself
+    is what the caption's text predicts (a ridge map from its MiniLM features: +0.79 on val;
+    benchmarks/results/spread_gallery_clipart.md)."""
+    share = count.clamp_min(1.0).log() / math.log(max(total, 2))  # (N,)
+    floor = math.log(SPREAD_FLOOR)
+    span = gallery.clamp_min(SPREAD_FLOOR).log() - floor  # (D,)
+    return torch.exp(floor + share[:, None] * span[None, :])
 
 
 OUTLIER_LOG_DET_MARGIN_PER_DIM = math.log(2.0)

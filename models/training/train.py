@@ -47,7 +47,7 @@ from models.scoring.known_words import KnownWords
 from models.scoring.uncertainty import log_det
 from models.training.batches import PreparedBatch, prefetched, prepare_batch
 from models.training.feature_splits import load_feature_splits
-from models.training.gallery_spread import GallerySpread, gallery_spread
+from models.training.gallery_spread import GALLERY_TARGETS, GallerySpread
 from models.training.mixed_samples import soft_match_targets
 from models.training.training_data import (
     SplitTensors,
@@ -258,12 +258,14 @@ def train_epoch(
 def _gallery_targets(
     model: ProbabilisticModel, split: SplitTensors, config: TrainConfig, device: torch.device
 ) -> GallerySpread | None:
-    """The epoch's whole-gallery spread targets (variance_objective "gallery_spread"), from
-    the deterministic means of the heads as they start the epoch; None for other objectives."""
-    if config.variance_objective != "gallery_spread" or model.config.model_type == "pvse":
+    """The epoch's whole-gallery targets (variance_objective "gallery_spread" or
+    "plausible_count"), from the deterministic means of the heads as they start the epoch;
+    None for other objectives."""
+    targets = GALLERY_TARGETS.get(config.variance_objective)
+    if targets is None or model.config.model_type == "pvse":
         return None
     image_mu, _, caption_mu, _ = encode_split(model, split, device)
-    return gallery_spread(image_mu, caption_mu, split.plausible_pairs)
+    return targets(image_mu, caption_mu, split.plausible_pairs)
 
 
 def _gaussian_batch_loss(
@@ -278,7 +280,7 @@ def _gaussian_batch_loss(
 ) -> torch.Tensor:
     """The objective of one batch of a non-pvse model. Synthetic outliers, when asked for,
     join the images after the real ones and match no caption; swapped images are encoded with
-    them and scored apart. `targets`: the epoch's whole-gallery spread targets, if any."""
+    them and scored apart. `targets`: the epoch's whole-gallery targets, if any."""
     device = next(model.parameters()).device
     image_rows, caption_rows, owner = batch.rows
     owner = owner.to(device)

@@ -1,0 +1,150 @@
+"""variance_objective "plausible_count" (models.training.gallery_spread.plausible_count): the
+targets against a numpy computation, their ends (one partner: the floor; every candidate: the
+gallery's spread) and monotony in the count, what the training loop hands each epoch, the
+batch loss, and a short training run on shapes."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from models.datasets.records import is_plausible_match
+from models.networks.model_config import VOCAB_FILE, ConfigError, ModelConfig, TrainConfig
+from models.networks.probabilistic_model import build_model, load_model
+from models.networks.tokenizer import Tokenizer
+from models.objectives import BatchEmbeddings, batch_loss
+from models.objectives.regularizers import SPREAD_FLOOR, count_target, spread_nll
+from models.training.gallery_spread import plausible_count
+from models.training.train import _gallery_targets, encode_split, train
+from models.training.training_data import load_splits
+
+
+def numpy_target(count: int, total: int, candidate_mu: np.ndarray) -> np.ndarray:
+    """By hand: floor * (g / floor) ** (ln n / ln N), g = numpy's variance of every
+    candidate's mean, at least the floor; n at least 1."""
+    gallery = np.maximum(candidate_mu.var(axis=0), SPREAD_FLOOR)
+    share = np.log(max(count, 1)) / np.log(total)
+    return SPREAD_FLOOR * (gallery / SPREAD_FLOOR) ** share
+
+
+def random_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Means of 40 images and 25 captions (D = 5; dimension 4 almost constant, its gallery
+    variance below the floor) and a random plausible matrix (C, I) with a caption of no image,
+    one of a single image and one of every image."""
+    rng = np.random.default_rng(seed)
+    image_mu, caption_mu = rng.normal(size=(40, 5)) * 0.3, rng.normal(size=(25, 5)) * 0.3
+    image_mu[:, 4] *= 0.01
+    caption_mu[:, 4] *= 0.01
+    plausible = rng.random((25, 40)) < 0.2
+    plausible[3], plausible[4], plausible[5] = False, np.arange(40) == 7, True
+    return image_mu, caption_mu, plausible
+
+
+def test_targets_match_a_numpy_computation_for_every_caption_and_image() -> None:
+    image_mu, caption_mu, plausible = random_split()
+    sparse = torch.from_numpy(plausible).double().to_sparse()
+    got = plausible_count(torch.from_numpy(image_mu), torch.from_numpy(caption_mu), sparse)
+    for c in range(25):
+        expected = numpy_target(plausible[c].sum(), 40, image_mu)
+        np.testing.assert_allclose(got.captions[c], expected, rtol=1e-9)
+    for i in range(40):
+        expected = numpy_target(plausible[:, i].sum(), 25, caption_mu)
+        np.testing.assert_allclose(got.images[i], expected, rtol=1e-9)
+    np.testing.assert_allclose(got.outlier, numpy_target(25, 25, caption_mu), rtol=1e-9)
+    dense = plausible_count(
+        torch.from_numpy(image_mu), torch.from_numpy(caption_mu), torch.from_numpy(plausible)
+    )  # the same from a dense matrix
+    torch.testing.assert_close(dense.captions, got.captions)
+    torch.testing.assert_close(dense.images, got.images)
+
+
+def test_one_partner_gets_the_floor_and_every_candidate_the_gallery_spread() -> None:
+    image_mu, caption_mu, plausible = random_split()
+    got = plausible_count(
+        torch.from_numpy(image_mu), torch.from_numpy(caption_mu), torch.from_numpy(plausible)
+    )
+    floor = np.full(5, SPREAD_FLOOR)
+    np.testing.assert_allclose(got.captions[4], floor, rtol=1e-12)  # one image
+    np.testing.assert_allclose(got.captions[3], floor, rtol=1e-12)  # none: counted as one
+    gallery = np.maximum(image_mu.var(axis=0), SPREAD_FLOOR)
+    np.testing.assert_allclose(got.captions[5], gallery, rtol=1e-12)  # every image
+    assert gallery[0] > 10 * SPREAD_FLOOR and gallery[4] == SPREAD_FLOOR  # both ends differ
+
+
+def test_the_target_grows_with_the_count() -> None:
+    gallery = torch.tensor([0.5, 0.02, SPREAD_FLOOR, SPREAD_FLOOR / 10], dtype=torch.float64)
+    counts = torch.arange(1, 101, dtype=torch.float64)
+    target = count_target(counts, 100, gallery)  # (100, 4)
+    steps = target.diff(dim=0)
+    assert (steps[:, :2] > 0).all()  # strictly where the gallery is wider than the floor
+    torch.testing.assert_close(target[:, 2:], torch.full_like(target[:, 2:], SPREAD_FLOOR))
+    torch.testing.assert_close(target[0], torch.full_like(target[0], SPREAD_FLOOR))
+    torch.testing.assert_close(target[-1], gallery.clamp_min(SPREAD_FLOOR))
+    # geometric: ln t is linear in ln n
+    half = count_target(torch.tensor([10.0], dtype=torch.float64), 100, gallery)[0]
+    torch.testing.assert_close(half, (SPREAD_FLOOR * gallery.clamp_min(SPREAD_FLOOR)).sqrt())
+
+
+@pytest.fixture(scope="module")
+def split_and_model(shapes_dir: Path):
+    config = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
+    train_split, _, tokenizer = load_splits(shapes_dir, config)
+    torch.manual_seed(0)
+    return train_split, build_model(config.replace(vocab_size=len(tokenizer)))
+
+
+def test_the_training_loop_hands_each_caption_its_count_over_the_whole_split(
+    split_and_model,
+) -> None:
+    """Against the dataset's own judgement of every pair and the untrained model's means."""
+    split, model = split_and_model
+    config = TrainConfig(variance_objective="plausible_count")
+    targets = _gallery_targets(model, split, config, torch.device("cpu"))
+    image_mu = encode_split(model, split, torch.device("cpu"))[0].double().numpy()
+    generator = np.random.default_rng(1)
+    counts = []
+    for c in generator.choice(split.num_captions, 30, replace=False):
+        caption = split.caption_records[c]
+        count = sum(is_plausible_match(caption, im) for im in split.image_records)
+        expected = numpy_target(count, split.num_images, image_mu)
+        np.testing.assert_allclose(targets.captions[c], expected, rtol=1e-4)
+        counts.append(count)
+    assert min(counts) < max(counts)  # the sample spans several counts
+
+
+def test_the_batch_loss_fits_the_handed_targets_and_only_the_variances() -> None:
+    generator = torch.Generator().manual_seed(3)
+    mu_i, lv_i, mu_c, lv_c = (torch.randn(4, 6, generator=generator) for _ in range(4))
+    for t in (mu_i, lv_i, mu_c, lv_c):
+        t.requires_grad_()
+    owner = torch.arange(4)
+    own = owner[:, None] == owner[None, :]
+    targets = (torch.rand(4, 6, generator=generator), torch.rand(4, 6, generator=generator))
+    base = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own, own)
+    with_targets = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own, own, spread_targets=targets)
+    match, model = (torch.tensor(2.0), torch.tensor(1.0)), ModelConfig(metric="cosine")
+    hinge = batch_loss(base, model, TrainConfig(), match, "sum", None)
+    counted = TrainConfig(variance_objective="plausible_count")
+    loss = batch_loss(with_targets, model, counted, match, "sum", None)
+    expected = hinge + spread_nll(targets[0], lv_i) + spread_nll(targets[1], lv_c)
+    torch.testing.assert_close(loss, expected)
+    mean_grads = torch.autograd.grad(loss - hinge, [mu_i, mu_c], allow_unused=True)
+    assert all(g is None or not g.any() for g in mean_grads)
+    with pytest.raises(ConfigError, match="plausible_count"):
+        TrainConfig(variance_objective="plausible_counts")
+
+
+def test_training_with_it_gives_vaguer_captions_a_larger_log_det(shapes_dir, tmp_path) -> None:
+    """A short run on shapes: val caption log-det rises with ln(#plausible images)."""
+    model = ModelConfig(embed_dim=16, metric="cosine", variance_reads_only=True)
+    config = TrainConfig(epochs=3, patience=0, seed=0, variance_objective="plausible_count")
+    out = tmp_path / "m"
+    train(shapes_dir, out, model, config, progress=False, export=False, log=lambda line: None)
+    trained = load_model(out)
+    _, val, _ = load_splits(shapes_dir, trained.config, Tokenizer.load(out / VOCAB_FILE))
+    caption_logvar = encode_split(trained, val, torch.device("cpu"))[3]
+    ambiguity = np.log(val.plausible.sum(1).clamp_min(1).numpy())
+    rho = spearmanr(caption_logvar.sum(1).numpy(), ambiguity).correlation
+    assert rho > 0.4, rho  # 0.72 here; -0.11 with no variance objective
