@@ -1,13 +1,18 @@
 """Session fixtures other test packages reuse: a generated shapes dataset (`shapes_dir`) and a
-small gcie model trained on it (`tiny_model_dir`). Both are read-only: copy before changing."""
+small gcie model trained on it (`tiny_model_dir`). Both are read-only: copy before changing.
+And `split_and_model`: the shapes train split with an untrained cosine model, for the
+variance objectives' whole-split targets."""
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from models.datasets.shapes import generate_shapes
 from models.networks.model_config import ModelConfig, TrainConfig
+from models.networks.probabilistic_model import build_model
 from models.training.train import train
+from models.training.training_data import load_splits
 
 SHAPES_IMAGES = 1000  # 800 train / 100 val / 100 test images, 5 captions each
 TINY_MODEL = ModelConfig(model_type="gcie", metric="w2", covariance="ellipsoidal", embed_dim=16)
@@ -31,3 +36,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, shapes_dir: Path) -
     out = tmp_path_factory.mktemp("models") / "tiny-gcie"
     train(shapes_dir, out, TINY_MODEL, TINY_TRAINING, progress=False, log=lambda line: None)
     return out
+
+
+@pytest.fixture(scope="module")
+def split_and_model(shapes_dir: Path):
+    """The shapes train split and an untrained gcie (cosine, D = 8) model, seeded."""
+    config = ModelConfig(embed_dim=8, metric="cosine", variance_reads_only=True)
+    train_split, _, tokenizer = load_splits(shapes_dir, config)
+    torch.manual_seed(0)
+    return train_split, build_model(config.replace(vocab_size=len(tokenizer)))
