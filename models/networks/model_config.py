@@ -464,11 +464,9 @@ class TrainConfig:
     variance_objective: Annotated[
         str,
         Option(
-            "'' | spread (each variance = the spread of the item's plausible matches in the "
-            "batch) | gallery_spread (the same over the whole training split, its means "
-            "recomputed each epoch) | plausible_count (from floor to the gallery's spread by "
-            "ln #plausible matches in the training split / ln #candidates) | pcmepp (PCME++ "
-            "on the detached means)"
+            "'' | spread (the spread of the plausible matches in the batch) | gallery_spread "
+            "(the same over the training split) | plausible_count (floor to gallery spread, "
+            "geometric in #plausible) | pcmepp (PCME++ on the detached means)"
         ),
     ] = ""
     # Which pairs of a batch are never negatives; with "plausible_images" an image still ranks
