@@ -6,6 +6,15 @@ the backbone vector and on the hidden units: a mask row holds one multiplier per
 feature, then one per hidden unit (ModelConfig.head_mask_width), as the small encoders'
 masks do, so no randomness lives inside a forward pass or an exported graph.
 
+With ModelConfig.variance_reads_backbone, the log-variance head reads the (dropped-out)
+backbone vector instead of the hidden units. The hidden units are what the means' objective
+shapes: InfoNCE with plausible positives pulls a vague caption's matches together, and a
+variance read from there loses how vague the caption was, which the backbone vector still
+holds (on clip art a linear map of the text features predicts ln #plausible images at
+Spearman +0.79). Its weights start at zero, so every item starts at logvar_init: the backbone
+features are not normalised (sd about 2.3 per image feature), and a random start would put
+items several units of log-variance apart before any training.
+
 The image heads also hold the novelty bank (models.networks.feature_novelty): the score reads
 the backbone vector, not the heads, and is exported beside mu and logvar.
 """
@@ -29,19 +38,30 @@ class FeatureHeads(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.hidden = nn.Sequential(nn.Linear(in_features, config.head_hidden), nn.ReLU())
-        self.heads = GaussianHeads(config.head_hidden, config, gaussian=gaussian)
+        self.reads_backbone = config.variance_reads_backbone
+        variance_in = in_features if self.reads_backbone else None
+        self.heads = GaussianHeads(config.head_hidden, config, gaussian, variance_in)
         self.mask_widths = (in_features, config.head_hidden)
         self.novelty = FeatureNovelty(novelty_rows, in_features) if novelty_rows else None
         init_linear(self)
+        if self.reads_backbone and self.heads.logvar_head is not None:
+            nn.init.zeros_(self.heads.logvar_head.weight)
 
     def forward(
         self, features: torch.Tensor, masks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.heads(self.features(features, masks))
+        return self.embed(features, masks)[0]
 
-    def features(self, features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        """The hidden units (S * N, H) that the Gaussian heads read, draw-major."""
+    def embed(
+        self, features: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """(mu, logvar) as forward, and the hidden units (S * N, H) the mean head reads."""
+        inputs = self._dropped_inputs(features, masks)
+        hidden = self.hidden(inputs) * masks.flatten(0, 1)[:, self.mask_widths[0] :]
+        return self.heads(hidden, inputs if self.reads_backbone else None), hidden
+
+    def _dropped_inputs(self, features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        """The backbone vectors repeated per draw, times their masks: (S * N, F)."""
         num_draws = masks.shape[0]
-        x = features.unsqueeze(0).expand(num_draws, *features.shape).flatten(0, 1)  # (S*N, F)
-        input_mask, hidden_mask = masks.flatten(0, 1).split(self.mask_widths, dim=1)
-        return self.hidden(x * input_mask) * hidden_mask
+        x = features.unsqueeze(0).expand(num_draws, *features.shape).flatten(0, 1)
+        return x * masks.flatten(0, 1)[:, : self.mask_widths[0]]

@@ -42,7 +42,13 @@ class GaussianHeads(nn.Module):
     variance head and returns the constant `point_logvar`.
     """
 
-    def __init__(self, in_features: int, config: ModelConfig, gaussian: bool) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        config: ModelConfig,
+        gaussian: bool,
+        variance_in_features: int | None = None,
+    ) -> None:
         super().__init__()
         dim = config.embed_dim
         self.embed_dim = dim
@@ -56,16 +62,23 @@ class GaussianHeads(nn.Module):
         self.mu_head = nn.Linear(in_features, dim)
         if gaussian:
             out = 1 if config.covariance == "spherical-one-value" else dim
-            self.logvar_head: nn.Linear | None = nn.Linear(in_features, out)
+            variance_in = variance_in_features or in_features
+            self.logvar_head: nn.Linear | None = nn.Linear(variance_in, out)
         else:
             self.logvar_head = None
 
-    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, features: torch.Tensor, variance_features: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """features (M, F) -> mu, logvar (M, D); the log-variance head reads
+        `variance_features` (M, F') instead when given."""
         mu = self.mu_head(features)  # (M, D)
         if self.normalize_mu:
             mu = nn.functional.normalize(mu, dim=-1)
         if self.logvar_head is None:
             return mu, torch.full_like(mu, self.point_logvar)
+        if variance_features is not None:
+            features = variance_features
         if self.variance_reads_only:
             features = features.detach()
         raw = self.logvar_head(features)  # (M, D) or (M, 1)

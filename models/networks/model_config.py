@@ -167,6 +167,11 @@ class ModelConfig:
     image_backbone_dim: int = 0  # the backbones' feature widths, recorded when training starts
     text_backbone_dim: int = 0
     head_hidden: Annotated[int, Option("hidden width of the heads on a pretrained backbone")] = 512
+    # The log-variance head reads the backbone vector itself, not the hidden units that the
+    # mean's objective shapes (models.networks.feature_heads).
+    variance_reads_backbone: Annotated[
+        bool, Option("pretrained: the variance head reads the backbone vector")
+    ] = False
     # Training image vectors kept for the novelty score of image queries (models.networks.
     # feature_novelty); at most this many, fewer when the train split has fewer images.
     novelty_bank: Annotated[
@@ -215,6 +220,11 @@ class ModelConfig:
         if bool(self.image_backbone) != bool(self.text_backbone):
             raise ConfigError(
                 "name both backbones (--image-backbone and --text-backbone) or neither"
+            )
+        if self.variance_reads_backbone and not self.pretrained:
+            raise ConfigError(
+                "variance_reads_backbone needs pretrained backbones (--image-backbone and "
+                "--text-backbone)"
             )
         if self.pretrained and self.model_type == "pvse":
             raise ConfigError(

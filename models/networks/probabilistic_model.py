@@ -178,6 +178,18 @@ class HeadsModel(ProbabilisticModel):
         """Shape (S, N, F + H) of one modality's dropout masks."""
         return num_draws, batch, self.config.head_mask_width(modality)
 
+    def encode_images_with_features(
+        self,
+        features: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> tuple[Embedding, torch.Tensor]:
+        """Image features (N, F_img) -> (mu, logvar) and the heads' hidden units (N, H)."""
+        shape = self.mask_shape("image", 1, features.shape[0])
+        p = self.config.dropout if stochastic else 0.0
+        masks = dropout_masks(shape, p, generator, features.device)
+        return self.image_encoder.embed(features, masks)
+
     def encode_texts(
         self,
         features: torch.Tensor,

@@ -1,0 +1,114 @@
+"""ModelConfig.variance_reads_backbone: the heads' log-variance read from the backbone vector
+(models.networks.feature_heads), against the same map written out by hand; training encodes
+images as serving does; and a trained model's exported graphs agree with torch."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.backbones.registry import load_backbone
+from models.datasets.shapes import generate_shapes
+from models.networks.feature_heads import FeatureHeads
+from models.networks.heads import dropout_masks
+from models.networks.model_config import ConfigError, ModelConfig, TrainConfig
+from models.networks.probabilistic_model import HeadsModel, load_model
+from models.onnx.encoder_runtime import OnnxEncoder
+from models.training.train import train
+
+READS_BACKBONE = ModelConfig(
+    model_type="gcie",
+    embed_dim=3,
+    head_hidden=5,
+    dropout=0.5,
+    image_backbone="efficientnet-lite0",
+    text_backbone="all-minilm-l6-v2",
+    image_backbone_dim=6,
+    text_backbone_dim=4,
+    novelty_bank=0,
+    variance_reads_backbone=True,
+)
+
+
+def by_hand(heads: FeatureHeads, x: torch.Tensor) -> torch.Tensor:
+    """logvar_init + W x + b, softly clamped to the bounds, from the head's parameters."""
+    layer, low, high = heads.heads.logvar_head, heads.heads.logvar_min, heads.heads.logvar_max
+    raw = x @ layer.weight.T + layer.bias + heads.heads.logvar_init
+    return low + torch.nn.functional.softplus(raw - low) - torch.nn.functional.softplus(raw - high)
+
+
+def test_refused_without_backbones() -> None:
+    with pytest.raises(ConfigError, match="variance_reads_backbone needs pretrained"):
+        ModelConfig(variance_reads_backbone=True)
+
+
+def test_a_new_head_starts_every_item_at_logvar_init() -> None:
+    heads = FeatureHeads(6, READS_BACKBONE, gaussian=True)
+    _, logvar = heads(torch.randn(7, 6) * 3.0, torch.ones(1, 7, 11))
+    torch.testing.assert_close(logvar, logvar[:1].expand(7, 3))  # the same for every item
+    assert (logvar - READS_BACKBONE.logvar_init).abs().max() < 1e-3  # soft_clamp's offset
+
+
+def test_the_log_variance_is_a_map_of_the_dropped_out_backbone_vector() -> None:
+    torch.manual_seed(0)
+    heads = FeatureHeads(6, READS_BACKBONE, gaussian=True).eval()
+    torch.nn.init.normal_(heads.heads.logvar_head.weight)
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(4, 6, generator=generator)
+    masks = dropout_masks((2, 4, 11), 0.5, generator)
+    _, logvar = heads(features, masks)
+    for draw in range(2):
+        expected = by_hand(heads, features * masks[draw, :, :6])
+        torch.testing.assert_close(logvar[draw * 4 : draw * 4 + 4], expected)
+    with torch.no_grad():
+        heads.hidden[0].weight.mul_(-3.0)  # the hidden units do not reach the variance
+    torch.testing.assert_close(heads(features, masks)[1], logvar)
+
+
+def test_training_encodes_images_as_serving_does() -> None:
+    """The training loop's encode_images_with_features gives the same embedding as
+    encode_images under the same dropout draw, and the hidden units the mean head reads."""
+    torch.manual_seed(0)
+    model = HeadsModel(READS_BACKBONE)
+    torch.nn.init.normal_(model.image_encoder.heads.logvar_head.weight)
+    features = torch.randn(5, 6)
+    (mu, logvar), hidden = model.encode_images_with_features(
+        features, torch.Generator().manual_seed(3), stochastic=True
+    )
+    served = model.encode_images(features, torch.Generator().manual_seed(3), stochastic=True)
+    torch.testing.assert_close((mu, logvar), served)
+    assert hidden.shape == (5, 5)
+    assert logvar.std() > 0.1  # the map was not left at its zero start
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory) -> Path:
+    data = generate_shapes(
+        tmp_path_factory.mktemp("small") / "shapes", 40, seed=2, progress=False, workers=1
+    )
+    config = ModelConfig(
+        embed_dim=16,
+        head_hidden=32,
+        dropout=0.2,
+        image_backbone="efficientnet-lite0",
+        text_backbone="all-minilm-l6-v2",
+        variance_reads_backbone=True,
+    )
+    out = tmp_path_factory.mktemp("models") / "reads-backbone"
+    train(data, out, config, TrainConfig(epochs=3, patience=0, seed=0, lr=0.01), progress=False)
+    return out
+
+
+def test_a_trained_model_serves_the_variance_it_learned(trained_dir) -> None:
+    """The exported text graph (backbone + heads) against the torch heads on the torch
+    backbone's vectors: the learned caption log-variances differ from one another."""
+    model = load_model(trained_dir)
+    captions = ["a red circle", "two blue squares and a green star", "a shape"]
+    served = OnnxEncoder(trained_dir, "text").encode_texts(captions, mc_samples=0)
+    features = torch.from_numpy(load_backbone("all-minilm-l6-v2", "text").encode(captions))
+    with torch.no_grad():
+        mu, logvar = model.text_encoder(features, torch.ones(1, 3, 384 + 32))
+    np.testing.assert_allclose(served.logvar, logvar.numpy(), atol=1e-4)
+    np.testing.assert_allclose(served.mu, mu.numpy(), atol=1e-4)
+    assert np.ptp(served.logvar.sum(axis=1)) > 1e-3
