@@ -483,6 +483,15 @@ def _training_splits(
     return train_split, val_split, model_config.replace(vocab_size=len(tokenizer))
 
 
+def _fit_variance_inputs(model: ProbabilisticModel, split: SplitTensors) -> None:
+    """Standardise the backbone vectors a pretrained model's variance heads read
+    (variance_reads_backbone) with the train split's mean and sd."""
+    for encoder, features in ((model.image_encoder, split.pixels), (model.text_encoder, split.ids)):
+        standardize = getattr(encoder, "standardize", None)
+        if standardize is not None:
+            standardize.fit(features.float())
+
+
 def _fit_novelty(model: ProbabilisticModel, split: SplitTensors, seed: int, out: Path) -> None:
     """Fill the image heads' novelty bank from the train split's backbone vectors and save it
     into the model dir (models on pretrained backbones; a resumed run fits the same bank)."""
@@ -597,6 +606,7 @@ def train(
             with torch.no_grad():
                 model.match_shift.fill_(INITIAL_MATCH_SHIFT[train_config.objective])
         _fit_novelty(model, train_split, train_config.seed, out_dir)
+        _fit_variance_inputs(model, train_split)
         probes = _image_probes(model_config, train_config, train_split)
         groups = parameter_groups(model, train_config)
         if probes is not None:

@@ -31,10 +31,12 @@ READS_BACKBONE = ModelConfig(
 )
 
 
-def by_hand(heads: FeatureHeads, x: torch.Tensor) -> torch.Tensor:
-    """logvar_init + W x + b, softly clamped to the bounds, from the head's parameters."""
+def by_hand(heads: FeatureHeads, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logvar_init + W z + b for z the standardised vector x times its dropout mask, softly
+    clamped to the bounds, from the head's parameters and buffers."""
     layer, low, high = heads.heads.logvar_head, heads.heads.logvar_min, heads.heads.logvar_max
-    raw = x @ layer.weight.T + layer.bias + heads.heads.logvar_init
+    z = (x - heads.standardize.shift) / heads.standardize.scale * mask
+    raw = z @ layer.weight.T + layer.bias + heads.heads.logvar_init
     return low + torch.nn.functional.softplus(raw - low) - torch.nn.functional.softplus(raw - high)
 
 
@@ -55,15 +57,26 @@ def test_the_log_variance_is_a_map_of_the_dropped_out_backbone_vector() -> None:
     heads = FeatureHeads(6, READS_BACKBONE, gaussian=True).eval()
     torch.nn.init.normal_(heads.heads.logvar_head.weight)
     generator = torch.Generator().manual_seed(1)
+    heads.standardize.fit(torch.randn(50, 6, generator=generator) * 3.0 + 2.0)
     features = torch.randn(4, 6, generator=generator)
     masks = dropout_masks((2, 4, 11), 0.5, generator)
     _, logvar = heads(features, masks)
     for draw in range(2):
-        expected = by_hand(heads, features * masks[draw, :, :6])
+        expected = by_hand(heads, features, masks[draw, :, :6])
         torch.testing.assert_close(logvar[draw * 4 : draw * 4 + 4], expected)
     with torch.no_grad():
         heads.hidden[0].weight.mul_(-3.0)  # the hidden units do not reach the variance
     torch.testing.assert_close(heads(features, masks)[1], logvar)
+
+
+def test_standardize_fits_the_mean_and_sd_of_each_feature() -> None:
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randn(200, 6, generator=generator) * torch.arange(1.0, 7.0) + 5.0
+    heads = FeatureHeads(6, READS_BACKBONE, gaussian=True)
+    heads.standardize.fit(rows)
+    z = heads.standardize(rows).double().numpy()
+    np.testing.assert_allclose(z.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(z.std(axis=0, ddof=1), 1.0, atol=1e-5)
 
 
 def test_training_encodes_images_as_serving_does() -> None:
@@ -83,10 +96,14 @@ def test_training_encodes_images_as_serving_does() -> None:
 
 
 @pytest.fixture(scope="module")
-def trained_dir(tmp_path_factory) -> Path:
-    data = generate_shapes(
+def small_data(tmp_path_factory) -> Path:
+    return generate_shapes(
         tmp_path_factory.mktemp("small") / "shapes", 40, seed=2, progress=False, workers=1
     )
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory, small_data) -> Path:
     config = ModelConfig(
         embed_dim=16,
         head_hidden=32,
@@ -96,13 +113,15 @@ def trained_dir(tmp_path_factory) -> Path:
         variance_reads_backbone=True,
     )
     out = tmp_path_factory.mktemp("models") / "reads-backbone"
-    train(data, out, config, TrainConfig(epochs=3, patience=0, seed=0, lr=0.01), progress=False)
+    quick = TrainConfig(epochs=3, patience=0, seed=0, lr=0.01)
+    train(small_data, out, config, quick, progress=False)
     return out
 
 
-def test_a_trained_model_serves_the_variance_it_learned(trained_dir) -> None:
+def test_a_trained_model_serves_the_variance_it_learned(trained_dir, small_data) -> None:
     """The exported text graph (backbone + heads) against the torch heads on the torch
-    backbone's vectors: the learned caption log-variances differ from one another."""
+    backbone's vectors: the learned caption log-variances differ from one another, and the
+    checkpoint carries the train split's feature means."""
     model = load_model(trained_dir)
     captions = ["a red circle", "two blue squares and a green star", "a shape"]
     served = OnnxEncoder(trained_dir, "text").encode_texts(captions, mc_samples=0)
@@ -112,3 +131,8 @@ def test_a_trained_model_serves_the_variance_it_learned(trained_dir) -> None:
     np.testing.assert_allclose(served.logvar, logvar.numpy(), atol=1e-4)
     np.testing.assert_allclose(served.mu, mu.numpy(), atol=1e-4)
     assert np.ptp(served.logvar.sum(axis=1)) > 1e-3
+    cached = next(small_data.glob("features/all-minilm-l6-v2-*/train-text.npz"))
+    train_vectors = np.load(cached)["features"]
+    np.testing.assert_allclose(
+        model.text_encoder.standardize.shift.numpy(), train_vectors.mean(axis=0), atol=1e-6
+    )
