@@ -54,9 +54,9 @@ class FeatureHeads(nn.Module):
     def forward(
         self, features: torch.Tensor, masks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.embed(features, masks)[0]
+        return self.with_hidden(features, masks)[0]
 
-    def embed(
+    def with_hidden(
         self, features: torch.Tensor, masks: torch.Tensor
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """(mu, logvar) as forward, and the hidden units (S * N, H) the mean head reads."""

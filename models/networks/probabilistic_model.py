@@ -188,7 +188,7 @@ class HeadsModel(ProbabilisticModel):
         shape = self.mask_shape("image", 1, features.shape[0])
         p = self.config.dropout if stochastic else 0.0
         masks = dropout_masks(shape, p, generator, features.device)
-        return self.image_encoder.embed(features, masks)
+        return self.image_encoder.with_hidden(features, masks)
 
     def encode_texts(
         self,
