@@ -130,6 +130,13 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
                             **BACKBONES},
         {"variance_objective": "spread", **NCE_TRAINING, **HEADS_TRAINING}, "w2",
         reference="vse-nce"),
+    # The demo's means with a variance that reads the backbone vector and is fitted to the
+    # caption's number of plausible training drawings (issue 39: the batch spread's log-det
+    # ran against ambiguity, -0.20 on val)
+    Run("gcie-count-nce", {"model_type": "gcie", "metric": "cosine", "variance_reads_only": True,
+                           "variance_reads_backbone": True, **BACKBONES},
+        {"variance_objective": "plausible_count", **NCE_TRAINING, **HEADS_TRAINING}, "w2",
+        reference="vse-nce"),
     # gcie-w2's caption log-det follows ambiguity best with the hinge; the same with InfoNCE
     Run("gcie-w2-nce", {"model_type": "gcie", "metric": "w2", **BACKBONES},
         {"vib_beta": 1e-4, **NCE_TRAINING, **HEADS_TRAINING}, "w2", reference="vse-nce"),
