@@ -41,7 +41,15 @@ class FeatureHeads(nn.Module):
 
     def features(self, features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         """The hidden units (S * N, H) that the Gaussian heads read, draw-major."""
+        x, hidden_mask = self.masked_inputs(features, masks)
+        return self.hidden(x) * hidden_mask
+
+    def masked_inputs(
+        self, features: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The backbone vector of each draw with its dropout applied (S * N, F), and the
+        hidden units' masks (S * N, H), draw-major."""
         num_draws = masks.shape[0]
         x = features.unsqueeze(0).expand(num_draws, *features.shape).flatten(0, 1)  # (S*N, F)
         input_mask, hidden_mask = masks.flatten(0, 1).split(self.mask_widths, dim=1)
-        return self.hidden(x * input_mask) * hidden_mask
+        return x * input_mask, hidden_mask
