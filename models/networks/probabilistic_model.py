@@ -167,15 +167,15 @@ class HeadsModel(ProbabilisticModel):
     text encoder needs are accepted and ignored, so the training loop serves both kinds.
     """
 
-    heads: type[FeatureHeads] = FeatureHeads
+    heads_class: type[FeatureHeads] = FeatureHeads  # PvseHeadsModel: pvse's K heads
 
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = config
-        self.image_encoder = self.heads(
+        self.image_encoder = self.heads_class(
             config.image_backbone_dim, config, config.gaussian_images, config.novelty_bank
         )
-        self.text_encoder = self.heads(
+        self.text_encoder = self.heads_class(
             config.text_backbone_dim, config, gaussian=config.gaussian_captions
         )
         self.match_log_scale = nn.Parameter(torch.tensor(math.log(INITIAL_MATCH_SCALE)))
@@ -210,7 +210,7 @@ class PvseHeadsModel(HeadsModel):
     PvseFeatureHeads), with PvseModel's interface (embed_* the K embeddings, encode_* their
     Gaussian summary) on backbone features, as HeadsModel takes them."""
 
-    heads = PvseFeatureHeads
+    heads_class = PvseFeatureHeads
 
     def embed_images(
         self,
