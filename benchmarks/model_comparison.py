@@ -150,6 +150,10 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
     Run("pcmepp", {"model_type": "gcie", "metric": "csd", "logvar_init": PCMEPP_LOGVAR_INIT,
                    **BACKBONES},
         {"objective": "pcmepp", "vib_beta": 1e-4, **HEADS_TRAINING}, "csd", ("w2",)),
+    # PVSE on the backbones (issue 39): K residual heads of the pooled vector in place of
+    # PIE-Net's attention (models.pvse.network.PvseFeatureHeads), vse's recipe
+    Run("pvse-k2", {"model_type": "pvse", "num_embeds": 2, **BACKBONES}, HEADS_TRAINING,
+        "max_pair"),
 )
 # fmt: on
 BASELINE = "vse"

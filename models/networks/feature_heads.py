@@ -60,13 +60,29 @@ class FeatureHeads(nn.Module):
         self, features: torch.Tensor, masks: torch.Tensor
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """(mu, logvar) as forward, and the hidden units (S * N, H) the mean head reads."""
-        num_draws = masks.shape[0]
-        x = features.unsqueeze(0).expand(num_draws, *features.shape).flatten(0, 1)  # (S*N, F)
-        input_mask, hidden_mask = masks.flatten(0, 1).split(self.mask_widths, dim=1)
+        x, input_mask, hidden_mask = self._per_draw(features, masks)
         hidden = self.hidden(x * input_mask) * hidden_mask
         if self.standardize is None:
             return self.heads(hidden), hidden
         return self.heads(hidden, self.standardize(x) * input_mask), hidden
+
+    def masked_inputs(
+        self, features: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The backbone vector of each draw with its dropout applied (S * N, F), and the
+        hidden units' masks (S * N, H), draw-major."""
+        x, input_mask, hidden_mask = self._per_draw(features, masks)
+        return x * input_mask, hidden_mask
+
+    def _per_draw(
+        self, features: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The backbone vectors repeated per draw (S * N, F) and the draws' input and hidden
+        masks, draw-major."""
+        num_draws = masks.shape[0]
+        x = features.unsqueeze(0).expand(num_draws, *features.shape).flatten(0, 1)
+        input_mask, hidden_mask = masks.flatten(0, 1).split(self.mask_widths, dim=1)
+        return x, input_mask, hidden_mask
 
 
 class Standardize(nn.Module):

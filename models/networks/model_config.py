@@ -152,8 +152,13 @@ class ModelConfig:
     text_hidden: int = 128
     vocab_size: int = 2
     max_caption_tokens: int = 32
-    # The paper uses 2 to 4.
-    num_embeds: Annotated[int, Option("pvse: K embeddings per item")] = 2
+    # The paper uses 2 to 4. On backbones PIE-Net has no local features to attend over (a
+    # pooled vector): K residual heads of the vector take the place of the K attention-weighted
+    # local features, fused with the global branch as PIE-Net fuses them
+    # (models.pvse.network.PvseFeatureHeads).
+    num_embeds: Annotated[
+        int, Option("pvse: K embeddings per item (on backbones: K residual heads of the vector)")
+    ] = 2
     # A frozen pretrained backbone per modality instead of the small encoders trained from
     # scratch: a name of models.backbones (efficientnet-lite0, all-minilm-l6-v2) or the path of
     # an ONNX graph (models.backbones.onnx_backbone; a text graph with tokenizer.json beside
@@ -226,10 +231,10 @@ class ModelConfig:
                 "variance_reads_backbone needs pretrained backbones (--image-backbone and "
                 "--text-backbone)"
             )
-        if self.pretrained and self.model_type == "pvse":
+        if self.variance_reads_backbone and self.model_type == "pvse":
             raise ConfigError(
-                "pvse attends over local features (regions, words), which a pooled backbone "
-                "vector does not have: train pvse without backbones"
+                "variance_reads_backbone is for a learned variance head; pvse's variance is the "
+                "spread of its K embeddings"
             )
         for name in (
             "embed_dim",

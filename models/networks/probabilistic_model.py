@@ -1,5 +1,5 @@
-"""The pair of encoders of one model type (gcie, gce, gie, vse; pvse's PIE-Nets, models.pvse)
-and its checkpoint file."""
+"""The pair of encoders of one model type (gcie, gce, gie, vse; pvse's PIE-Nets, models.pvse),
+or their heads on pretrained backbones, and its checkpoint file."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from models.networks.heads import dropout_masks
 from models.networks.image_encoder import ImageEncoder
 from models.networks.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
 from models.networks.text_encoder import TextEncoder
-from models.pvse.network import PvseImageEncoder, PvseOutput, PvseTextEncoder
+from models.pvse.network import (
+    PvseFeatureHeads,
+    PvseImageEncoder,
+    PvseOutput,
+    PvseTextEncoder,
+)
 
 Embedding = tuple[torch.Tensor, torch.Tensor]  # (mu, logvar), each (S * N, D)
 INITIAL_MATCH_SCALE = 5.0  # PCME's initial a and b on CUB; learned from there
@@ -162,13 +167,15 @@ class HeadsModel(ProbabilisticModel):
     text encoder needs are accepted and ignored, so the training loop serves both kinds.
     """
 
+    heads_class: type[FeatureHeads] = FeatureHeads  # PvseHeadsModel: pvse's K heads
+
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = config
-        self.image_encoder = FeatureHeads(
+        self.image_encoder = self.heads_class(
             config.image_backbone_dim, config, config.gaussian_images, config.novelty_bank
         )
-        self.text_encoder = FeatureHeads(
+        self.text_encoder = self.heads_class(
             config.text_backbone_dim, config, gaussian=config.gaussian_captions
         )
         self.match_log_scale = nn.Parameter(torch.tensor(math.log(INITIAL_MATCH_SCALE)))
@@ -199,18 +206,73 @@ class HeadsModel(ProbabilisticModel):
     ) -> Embedding:
         """Caption features (N, F_txt) -> (mu, logvar) (N, D); one dropout draw if
         `stochastic`."""
+        return self.text_encoder(features, self.feature_masks(features, generator, stochastic))
+
+    def feature_masks(
+        self, features: torch.Tensor, generator: torch.Generator | None, stochastic: bool
+    ) -> torch.Tensor:
+        """One draw of the caption heads' dropout masks (all ones unless `stochastic`)."""
         shape = self.mask_shape("text", 1, features.shape[0])
         p = self.config.dropout if stochastic else 0.0
-        return self.text_encoder(features, dropout_masks(shape, p, generator, features.device))
+        return dropout_masks(shape, p, generator, features.device)
+
+
+class PvseHeadsModel(HeadsModel):
+    """PVSE on two pretrained backbones: K heads on each pooled vector (models.pvse.network.
+    PvseFeatureHeads), with PvseModel's interface (embed_* the K embeddings, encode_* their
+    Gaussian summary) on backbone features, as HeadsModel takes them."""
+
+    heads_class = PvseFeatureHeads
+
+    def embed_images(
+        self,
+        features: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> PvseOutput:
+        """Image features (N, F_img) -> PvseOutput of N rows; one dropout draw if
+        `stochastic`."""
+        encoder: PvseFeatureHeads = self.image_encoder  # type: ignore[assignment]
+        return encoder.embed(features, self.image_masks(features, generator, stochastic))
+
+    def embed_texts(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> PvseOutput:
+        """Caption features (N, F_txt) -> PvseOutput of N rows (lengths ignored)."""
+        encoder: PvseFeatureHeads = self.text_encoder  # type: ignore[assignment]
+        return encoder.embed(features, self.feature_masks(features, generator, stochastic))
+
+    def encode_images(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_images(images, generator, stochastic)
+        return out.mu, out.logvar
+
+    def encode_texts(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_texts(features, lengths, generator, stochastic)
+        return out.mu, out.logvar
 
 
 def build_model(config: ModelConfig) -> ProbabilisticModel:
     """The model of config.model_type (pvse has its own encoders) or, with backbones named,
-    heads on their features."""
+    heads on their features (pvse: K heads on each vector)."""
     if config.pretrained:
         if not (config.image_backbone_dim and config.text_backbone_dim):
             raise ConfigError("a model on pretrained backbones needs their feature widths")
-        return HeadsModel(config)
+        return PvseHeadsModel(config) if config.model_type == "pvse" else HeadsModel(config)
     if config.model_type == "pvse":
         return PvseModel(config)
     return ProbabilisticModel(config)

@@ -11,7 +11,8 @@ text_encoder.onnx   input_ids, attention_mask int64 (N, T) of tokenizer.json, dr
 image_heads.onnx,
 text_heads.onnx     features float32 (N, F), dropout_masks
 -> mu, logvar float32 (S * N, D), draw-major as for the small encoders (models.onnx.export);
-   the image graphs of a model with a novelty bank add novelty float32 (N,)
+   pvse adds embeddings float32 (S * N, K, D) (models.pvse.network.PvseFeatureHeads); the
+   image graphs of a model with a novelty bank add novelty float32 (N,)
    (models.networks.feature_novelty).
 """
 
@@ -45,6 +46,7 @@ from models.networks.preprocess import backbone_pixels
 from models.networks.probabilistic_model import HeadsModel
 from models.onnx.encoder_runtime import pixel_dtype
 from models.onnx.parity import PARITY_ATOL, ExportError
+from models.pvse.network import PvseFeatureHeads
 
 FILES = {
     "image": (IMAGE_ONNX_FILE, IMAGE_HEADS_ONNX_FILE),
@@ -73,30 +75,33 @@ def export_pretrained(model: HeadsModel, model_dir: Path) -> dict[str, float]:
 
 
 class _GraphHeads(torch.nn.Module):
-    """What a heads graph computes: mu and logvar, then the novelty when the heads hold a bank."""
+    """What a heads graph computes: mu and logvar (pvse: and the K embeddings), then the
+    novelty when the heads hold a bank."""
 
     def __init__(self, heads: FeatureHeads) -> None:
         super().__init__()
         self.heads = heads
 
     def forward(self, features: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        mu, logvar = self.heads(features, masks)
+        outputs = tuple(self.heads(features, masks))
         if self.heads.novelty is None:
-            return mu, logvar
-        return mu, logvar, self.heads.novelty(features)
+            return outputs
+        return (*outputs, self.heads.novelty(features))
 
 
 def graph_outputs(heads: FeatureHeads) -> list[str]:
     """The output names of the graphs around these heads."""
-    return ["mu", "logvar"] + (["novelty"] if heads.novelty is not None else [])
+    pvse = ["embeddings"] if isinstance(heads, PvseFeatureHeads) else []
+    return ["mu", "logvar", *pvse] + (["novelty"] if heads.novelty is not None else [])
 
 
 def export_heads(heads: FeatureHeads, path: Path, opset: int = OPSET) -> None:
-    """The heads alone: features (N, F) and dropout_masks (S, N, F + H) -> mu, logvar (and
-    novelty)."""
+    """The heads alone: features (N, F) and dropout_masks (S, N, F + H) -> mu, logvar (pvse:
+    and embeddings; and novelty)."""
     features, masks = _example(heads, batch=3, draws=2, seed=0)
     outputs = graph_outputs(heads)
-    axes = {"mu": {0: "rows"}, "logvar": {0: "rows"}, "novelty": {0: "N"}}
+    axes = {"mu": {0: "rows"}, "logvar": {0: "rows"}, "embeddings": {0: "rows"},
+            "novelty": {0: "N"}}  # fmt: skip
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporter's deprecation notice
         torch.onnx.export(

@@ -50,7 +50,8 @@ def pvse_loss(
 
     L_mil is models.objectives' hinge triplet loss on the best-pair similarity (so negatives
     and plausible `matches` work as for the other types); L_div sums both modalities' attention
-    maps' diversity terms (eq. 7); L_mmd compares all K * B image and K * M caption embeddings.
+    maps' diversity terms (eq. 7; on backbones the K residual heads', PvseOutput.attention);
+    L_mmd compares all K * B image and K * M caption embeddings.
     """
     similarity = max_pair_similarity(image.embeddings, caption.embeddings)  # (B, M)
     loss = hinge_triplet_loss(

@@ -1,10 +1,13 @@
-"""The PVSE model: ProbabilisticModel's interface (so training, export and evaluation treat it
-like the other types) with PIE-Net encoders that also give the K embeddings.
+"""The PVSE models: ProbabilisticModel's interface (so training, export and evaluation treat
+them like the other types) with encoders that also give the K embeddings: PIE-Nets on the
+small trunks (PvseModel), or K heads on pretrained backbones' vectors (PvseHeadsModel).
 
-The class lives in models.networks.probabilistic_model, beside the class it subclasses, because
-build_model there chooses between them; this module names it for the PVSE code.
+The classes live in models.networks.probabilistic_model, beside the classes they subclass,
+because build_model there chooses between them; this module names them for the PVSE code.
 """
 
-from models.networks.probabilistic_model import PvseModel
+from models.networks.probabilistic_model import PvseHeadsModel, PvseModel
 
-__all__ = ["PvseModel"]
+AnyPvseModel = PvseModel | PvseHeadsModel
+
+__all__ = ["AnyPvseModel", "PvseHeadsModel", "PvseModel"]

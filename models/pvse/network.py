@@ -1,5 +1,6 @@
 """PVSE encoders (Song & Soleymani): K embeddings per item from a polysemous instance
-embedding network (PIE-Net) on top of the project's CNN and GRU trunks."""
+embedding network (PIE-Net) on top of the project's CNN and GRU trunks, and PIE-Net's K heads
+on a pretrained backbone's pooled vector (PvseFeatureHeads)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.networks.feature_heads import FeatureHeads
 from models.networks.heads import init_linear
 from models.networks.image_encoder import ImageEncoder
 from models.networks.model_config import ModelConfig
@@ -20,7 +22,8 @@ MASKED_SCORE = -1e4  # attention logit of a padding position (finite: exports wi
 class PvseOutput:
     """One forward pass over M = S * N rows (draw-major).
 
-    embeddings: (M, K, D) unit vectors; attention: (M, K, R) softmax over the R local features;
+    embeddings: (M, K, D) unit vectors; attention: (M, K, R) softmax over the R local features
+    (PvseFeatureHeads: the K residuals, the rows the diversity loss decorrelates);
     residuals: (M, K, D) the locally-guided features (before the fusion with the global one).
     mu, logvar: (M, D) the Gaussian summary of the K embeddings (see `summarize`).
     """
@@ -68,8 +71,14 @@ class PieNet(nn.Module):
             scores = scores.masked_fill(~valid[:, None, :], MASKED_SCORE)
         attention = scores.softmax(dim=-1)  # (M, K, R)
         residuals = torch.sigmoid(self.fc(attention @ local))  # (M, K, D)
-        fused = self.norm(global_[:, None, :] + residuals)  # (M, K, D)
-        return nn.functional.normalize(fused, dim=-1), attention, residuals
+        return fuse(global_, residuals, self.norm), attention, residuals
+
+
+def fuse(global_: torch.Tensor, residuals: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """PIE-Net's fusion: z_k = LayerNorm(phi + upsilon_k), L2-normalised; global (M, D) and
+    residuals (M, K, D) -> K unit embeddings (M, K, D)."""
+    fused = norm(global_[:, None, :] + residuals)  # (M, K, D)
+    return nn.functional.normalize(fused, dim=-1)
 
 
 class PvseImageEncoder(ImageEncoder):
@@ -137,4 +146,42 @@ class PvseTextEncoder(TextEncoder):
         head_masks: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = self.embed(ids, lengths, word_masks, head_masks)
+        return out.mu, out.logvar, out.embeddings
+
+
+class PvseFeatureHeads(FeatureHeads):
+    """PVSE on a pretrained backbone's pooled vector: features (N, F) + dropout masks
+    (S, N, F + H) -> (mu, logvar, embeddings (S * N, K, D)), the masks as FeatureHeads'.
+
+    A pooled vector has no local features for PIE-Net to attend over, so K residual heads of
+    the vector take the place of the K attention-weighted local features: upsilon_k =
+    sigmoid(W_k x + b_k), one linear map of the (dropped-out) backbone vector x per head. The
+    global feature phi is FeatureHeads' hidden MLP through the mean head's linear layer, and
+    the two are fused as PIE-Net fuses them (`fuse`); mu and logvar `summarize` the K unit
+    embeddings. The diversity loss decorrelates the K residuals (PvseOutput.attention), as it
+    decorrelates PIE-Net's attention maps.
+    """
+
+    def __init__(
+        self, in_features: int, config: ModelConfig, gaussian: bool = False, novelty_rows: int = 0
+    ) -> None:
+        super().__init__(in_features, config, gaussian=False, novelty_rows=novelty_rows)
+        self.var_min = config.var_min
+        self.num_embeds, self.embed_dim = config.num_embeds, config.embed_dim
+        self.residual = nn.Linear(in_features, config.num_embeds * config.embed_dim)
+        self.norm = nn.LayerNorm(config.embed_dim)
+        init_linear(self.residual)
+
+    def embed(self, features: torch.Tensor, masks: torch.Tensor) -> PvseOutput:
+        x, hidden_mask = self.masked_inputs(features, masks)  # (S*N, F), (S*N, H)
+        global_ = self.heads.mu_head(self.hidden(x) * hidden_mask)  # (S*N, D)
+        raw = self.residual(x).reshape(-1, self.num_embeds, self.embed_dim)  # (S*N, K, D)
+        residuals = torch.sigmoid(raw)
+        embeddings = fuse(global_, residuals, self.norm)
+        return PvseOutput(*summarize(embeddings, self.var_min), embeddings, residuals, residuals)
+
+    def forward(  # type: ignore[override]
+        self, features: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.embed(features, masks)
         return out.mu, out.logvar, out.embeddings

@@ -7,12 +7,12 @@ import torch
 from models.networks.model_config import TrainConfig
 from models.pvse.losses import pvse_loss
 from models.pvse.max_pair import max_pair_similarity
-from models.pvse.model import PvseModel
+from models.pvse.model import AnyPvseModel
 from models.training.training_data import SplitTensors, caption_batch, image_batch
 
 
 def pvse_batch_loss(
-    model: PvseModel,
+    model: AnyPvseModel,
     images: torch.Tensor,
     captions: tuple[torch.Tensor, torch.Tensor],
     caption_image: torch.Tensor,
@@ -33,7 +33,7 @@ def pvse_batch_loss(
 
 @torch.no_grad()
 def split_embeddings(
-    model: PvseModel, split: SplitTensors, device: torch.device, batch_size: int = 512
+    model: AnyPvseModel, split: SplitTensors, device: torch.device, batch_size: int = 512
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic K embeddings of a split: images (N_img, K, D), captions (N_cap, K, D)."""
     model.eval()
@@ -50,7 +50,7 @@ def split_embeddings(
     return torch.cat(images), torch.cat(captions)
 
 
-def pvse_similarity(model: PvseModel, split: SplitTensors, device: torch.device) -> torch.Tensor:
+def pvse_similarity(model: AnyPvseModel, split: SplitTensors, device: torch.device) -> torch.Tensor:
     """Best-pair cosine of every image to every caption of a split, (N_img, N_cap)."""
     images, captions = split_embeddings(model, split, device)
     return max_pair_similarity(images, captions)

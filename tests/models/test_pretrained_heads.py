@@ -73,11 +73,11 @@ def test_heads_apply_dropout_to_the_vector_and_the_hidden_units() -> None:
         torch.testing.assert_close(mu[draw * 4 : draw * 4 + 4], mean)
 
 
-def test_one_backbone_alone_and_pvse_on_backbones_are_refused() -> None:
+def test_one_backbone_alone_and_unknown_backbones_are_refused() -> None:
     with pytest.raises(ConfigError, match="both backbones"):
         ModelConfig(image_backbone="efficientnet-lite0")
-    with pytest.raises(ConfigError, match="pvse"):
-        PRETRAINED.replace(model_type="pvse", metric="max_pair")
+    # pvse trains on backbones too (K heads of the vector: tests/models/test_pvse_pretrained.py)
+    assert PRETRAINED.replace(model_type="pvse", metric="max_pair").pretrained
     with pytest.raises(ConfigError, match="unknown image backbone"):
         load_backbone("resnet-152", "image")
     with pytest.raises(ConfigError, match="is a text backbone"):

@@ -40,9 +40,11 @@ def by_hand(heads: FeatureHeads, x: torch.Tensor, mask: torch.Tensor) -> torch.T
     return low + torch.nn.functional.softplus(raw - low) - torch.nn.functional.softplus(raw - high)
 
 
-def test_refused_without_backbones() -> None:
+def test_refused_without_backbones_and_for_pvse() -> None:
     with pytest.raises(ConfigError, match="variance_reads_backbone needs pretrained"):
         ModelConfig(variance_reads_backbone=True)
+    with pytest.raises(ConfigError, match="pvse's variance is the spread"):
+        READS_BACKBONE.replace(model_type="pvse", metric="max_pair")
 
 
 def test_a_new_head_starts_every_item_at_logvar_init() -> None:
