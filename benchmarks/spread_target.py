@@ -133,8 +133,11 @@ def eval_cells(report: dict, metric: str) -> list[float]:
 
 
 def objective_of(model_dir: Path) -> str:
-    """The run's variance objective, as its model.json records it."""
-    return ModelConfig.load(model_dir).training.get("variance_objective") or "none"
+    """The run's variance objective, as its model.json records it, and whether its variance
+    head reads the backbone vector (variance_reads_backbone)."""
+    config = ModelConfig.load(model_dir)
+    objective = config.training.get("variance_objective") or "none"
+    return objective + ", reads the backbone" * config.variance_reads_backbone
 
 
 def mean_sd(values: list[float], signed: bool) -> str:
