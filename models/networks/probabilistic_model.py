@@ -110,7 +110,30 @@ class ProbabilisticModel(nn.Module):
         return word_masks, dropout_masks(head_shape, p, generator, ids.device)
 
 
-class PvseModel(ProbabilisticModel):
+class PvseSummary:
+    """encode_* of a pvse model: the Gaussian summary (mu, logvar) of embed_*'s K embeddings."""
+
+    def encode_images(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_images(images, generator, stochastic)  # type: ignore[attr-defined]
+        return out.mu, out.logvar
+
+    def encode_texts(
+        self,
+        inputs: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Embedding:
+        out = self.embed_texts(inputs, lengths, generator, stochastic)  # type: ignore[attr-defined]
+        return out.mu, out.logvar
+
+
+class PvseModel(PvseSummary, ProbabilisticModel):
     """Image and caption PIE-Nets (no shared weights). encode_* return the Gaussian summary
     (mean of the K embeddings, spread as a spherical variance); embed_* the full output."""
 
@@ -137,25 +160,6 @@ class PvseModel(ProbabilisticModel):
     ) -> PvseOutput:
         """ids (N, T), lengths (N,) -> PvseOutput of N rows; one dropout draw if `stochastic`."""
         return self.text_encoder.embed(ids, lengths, *self.text_masks(ids, generator, stochastic))
-
-    def encode_images(
-        self,
-        images: torch.Tensor,
-        generator: torch.Generator | None = None,
-        stochastic: bool = False,
-    ) -> Embedding:
-        out = self.embed_images(images, generator, stochastic)
-        return out.mu, out.logvar
-
-    def encode_texts(
-        self,
-        ids: torch.Tensor,
-        lengths: torch.Tensor,
-        generator: torch.Generator | None = None,
-        stochastic: bool = False,
-    ) -> Embedding:
-        out = self.embed_texts(ids, lengths, generator, stochastic)
-        return out.mu, out.logvar
 
 
 class HeadsModel(ProbabilisticModel):
@@ -217,7 +221,7 @@ class HeadsModel(ProbabilisticModel):
         return dropout_masks(shape, p, generator, features.device)
 
 
-class PvseHeadsModel(HeadsModel):
+class PvseHeadsModel(PvseSummary, HeadsModel):
     """PVSE on two pretrained backbones: K heads on each pooled vector (models.pvse.network.
     PvseFeatureHeads), with PvseModel's interface (embed_* the K embeddings, encode_* their
     Gaussian summary) on backbone features, as HeadsModel takes them."""
@@ -245,25 +249,6 @@ class PvseHeadsModel(HeadsModel):
         """Caption features (N, F_txt) -> PvseOutput of N rows (lengths ignored)."""
         encoder: PvseFeatureHeads = self.text_encoder  # type: ignore[assignment]
         return encoder.embed(features, self.feature_masks(features, generator, stochastic))
-
-    def encode_images(
-        self,
-        images: torch.Tensor,
-        generator: torch.Generator | None = None,
-        stochastic: bool = False,
-    ) -> Embedding:
-        out = self.embed_images(images, generator, stochastic)
-        return out.mu, out.logvar
-
-    def encode_texts(
-        self,
-        features: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        stochastic: bool = False,
-    ) -> Embedding:
-        out = self.embed_texts(features, lengths, generator, stochastic)
-        return out.mu, out.logvar
 
 
 def build_model(config: ModelConfig) -> ProbabilisticModel:
