@@ -196,9 +196,7 @@ class HeadsModel(ProbabilisticModel):
         stochastic: bool = False,
     ) -> tuple[Embedding, torch.Tensor]:
         """Image features (N, F_img) -> (mu, logvar) and the heads' hidden units (N, H)."""
-        shape = self.mask_shape("image", 1, features.shape[0])
-        p = self.config.dropout if stochastic else 0.0
-        masks = dropout_masks(shape, p, generator, features.device)
+        masks = self.image_masks(features, generator, stochastic)
         return self.image_encoder.with_hidden(features, masks)
 
     def encode_texts(
