@@ -64,7 +64,8 @@ class FeatureHeads(nn.Module):
         hidden = self.hidden(x * input_mask) * hidden_mask
         if self.standardize is None:
             return self.heads(hidden), hidden
-        return self.heads(hidden, self.standardize(x) * input_mask), hidden
+        z = self.standardize(features).repeat(masks.shape[0], 1)  # (S*N, F), once per item
+        return self.heads(hidden, z * input_mask), hidden
 
     def masked_inputs(
         self, features: torch.Tensor, masks: torch.Tensor

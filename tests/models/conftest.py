@@ -1,7 +1,8 @@
 """Session fixtures other test packages reuse: a generated shapes dataset (`shapes_dir`) and a
 small gcie model trained on it (`tiny_model_dir`). Both are read-only: copy before changing.
 And `split_and_model`: the shapes train split with an untrained cosine model, for the
-variance objectives' whole-split targets."""
+variance objectives' whole-split targets. `small_data`: 60 shapes images for the tests of heads
+on the pretrained backbones, one per test module (each caches its backbone features in it)."""
 
 from pathlib import Path
 
@@ -45,3 +46,11 @@ def split_and_model(shapes_dir: Path):
     train_split, _, tokenizer = load_splits(shapes_dir, config)
     torch.manual_seed(0)
     return train_split, build_model(config.replace(vocab_size=len(tokenizer)))
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A shapes dataset of 60 images (seed 2), small enough to run the backbones over."""
+    return generate_shapes(
+        tmp_path_factory.mktemp("small") / "shapes", 60, seed=2, progress=False, workers=1
+    )

@@ -12,7 +12,6 @@ from PIL import Image
 
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset
-from models.datasets.shapes import generate_shapes
 from models.networks.feature_heads import FeatureHeads
 from models.networks.heads import dropout_masks
 from models.networks.model_config import (
@@ -40,13 +39,6 @@ PRETRAINED = ModelConfig(
 )
 QUICK = TrainConfig(epochs=2, patience=0, seed=0)
 CAPTIONS = ["a red circle", "two blue squares and a green star", "asdf qwerty"]
-
-
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory) -> Path:
-    return generate_shapes(
-        tmp_path_factory.mktemp("small") / "shapes", 40, seed=1, progress=False, workers=1
-    )
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ attention (models.pvse.network.PvseFeatureHeads) against the formula written out
 training run on backbone features whose loss falls, and the exported graphs (heads alone and
 whole path, image and text) against the torch heads, embeddings and MC draws included."""
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -13,7 +11,6 @@ from PIL import Image
 
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset
-from models.datasets.shapes import generate_shapes
 from models.networks.heads import dropout_masks
 from models.networks.model_config import (
     IMAGE_HEADS_ONNX_FILE,
@@ -41,13 +38,6 @@ PVSE = ModelConfig(
 )
 CAPTIONS = ["a red circle", "two blue squares and a green star", "asdf qwerty"]
 EPOCHS = 8
-
-
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory) -> Path:
-    return generate_shapes(
-        tmp_path_factory.mktemp("small") / "shapes", 60, seed=2, progress=False, workers=1
-    )
 
 
 @pytest.fixture(scope="module")

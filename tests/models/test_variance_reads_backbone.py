@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from models.backbones.registry import load_backbone
-from models.datasets.shapes import generate_shapes
 from models.networks.feature_heads import FeatureHeads
 from models.networks.heads import dropout_masks
 from models.networks.model_config import ConfigError, ModelConfig, TrainConfig
@@ -95,13 +94,6 @@ def test_training_encodes_images_as_serving_does() -> None:
     torch.testing.assert_close((mu, logvar), served)
     assert hidden.shape == (5, 5)
     assert logvar.std() > 0.1  # the map was not left at its zero start
-
-
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory) -> Path:
-    return generate_shapes(
-        tmp_path_factory.mktemp("small") / "shapes", 40, seed=2, progress=False, workers=1
-    )
 
 
 @pytest.fixture(scope="module")
