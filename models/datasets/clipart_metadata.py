@@ -53,6 +53,11 @@ FILE_EXTENSION = re.compile(r"\.(svg|svgz|png|jpe?g|gif|eps|ai|pdf)$", re.IGNORE
 HASH_TEXT = re.compile(r"HASH\(0x[0-9a-f]+\)", re.IGNORECASE)
 COLLECTION_TITLE = re.compile(r"^clipart by |collection|icon ?set\b|\bsvg theme\b", re.IGNORECASE)
 URL = re.compile(r"(https?://|www\.)\S+", re.IGNORECASE)
+# An e-mail address with the label an author put before it ("contact:", "Email:").
+EMAIL = re.compile(r"(\b(e-?mail|mail|contact)\s*:?\s*)?[\w.+-]+@[\w-]+(\.[\w-]+)+", re.IGNORECASE)
+EMPTY_BRACKETS = re.compile(r"\(\s*\)")
+SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([.,;:!?])")
+REPEATED_PUNCTUATION = re.compile(r"([.,;:!?])[.,;:!?]+")
 NUMBER_OR_HEX = re.compile(r"^(0x[0-9a-f]+|[0-9]+)$")
 GLUED_DIGITS = re.compile(r"\b([A-Za-z]{4,})\d+\b")  # "cake1" -> "cake", "MP3" stays
 WORDS = re.compile(r"[a-z0-9]+")
@@ -121,20 +126,31 @@ def clean_title(title: str, shared: Counter[str]) -> str:
         return ""
     if COLLECTION_TITLE.search(title) or shared[title] >= SHARED_TEXT_MIN:
         return ""
-    text = GLUED_DIGITS.sub(r"\1", title.replace("_", " "))
-    text = " ".join(text.split())
+    text = GLUED_DIGITS.sub(r"\1", without_addresses(title.replace("_", " ")))
     return text if _has_word(text) else ""
 
 
 def clean_description(description: str, title: str, shared: Counter[str]) -> str:
-    """The description as a caption (URLs removed, cut to MAX_CAPTION_WORDS words), or "" when it
-    is a hash, shared by many drawings, or says no more than the title."""
+    """The description as a caption (URLs and e-mail addresses removed, cut to
+    MAX_CAPTION_WORDS words), or "" when it is a hash, shared by many drawings, or says no more
+    than the title."""
     if not description or HASH_TEXT.search(description) or shared[description] >= SHARED_TEXT_MIN:
         return ""
-    text = " ".join(URL.sub(" ", description).split()[:MAX_CAPTION_WORDS])
+    text = " ".join(without_addresses(description).split()[:MAX_CAPTION_WORDS])
     if not _has_word(text) or text.lower() == title.lower():
         return ""
     return text
+
+
+def without_addresses(text: str) -> str:
+    """`text` without URLs and e-mail addresses (and an "Email:" or "contact:" before one), with
+    the brackets and punctuation they leave behind tidied, on one line: an address names the
+    author, not the drawing, and a caption made of one would be a search for a person."""
+    kept = EMAIL.sub(" ", URL.sub(" ", text))
+    if kept == text:
+        return " ".join(text.split())
+    kept = SPACE_BEFORE_PUNCTUATION.sub(r"\1", EMPTY_BRACKETS.sub(" ", kept))
+    return REPEATED_PUNCTUATION.sub(r"\1", " ".join(kept.split())).strip(" ,;:")
 
 
 def keyword_caption(keywords: Sequence[str], category: str) -> str:

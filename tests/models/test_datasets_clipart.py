@@ -65,6 +65,8 @@ def svg(
         ("apple_01.svg", ""),
         ("", ""),
         ("42", ""),
+        ("ralf@ark.in-berlin.de", ""),  # an author's address, not a title
+        ("Telefono (email: frollandin@email.it)", "Telefono"),
     ],
 )
 def test_title_rules(title: str, kept: str) -> None:
@@ -87,6 +89,23 @@ def test_description_rules() -> None:
     assert clean_description("a news paper", "Newspaper", NONE_SHARED) == "a news paper"
     assert clean_description("x" * 3, "", Counter({"xxx": 12})) == ""
     assert len(clean_description(" ".join(["word"] * 100), "", NONE_SHARED).split()) == 40
+
+
+@pytest.mark.parametrize(
+    ("description", "kept"),
+    [
+        ("contact: hermann.schwarting@knackich.de", ""),
+        ("A pizza slice. Created by ringe. Email: ri@rin.no.", "A pizza slice. Created by ringe."),
+        ("Um carro esporte, voyeg3r@gmail.com", "Um carro esporte"),
+        (
+            "Data from: NASA Johnson Space Center: http://eol.jsc.nasa.gov",
+            ("Data from: NASA Johnson Space Center"),
+        ),
+        ("Ladies...  and gentlemen: a (bow) tie!", "Ladies... and gentlemen: a (bow) tie!"),
+    ],
+)
+def test_descriptions_lose_addresses_and_what_they_leave(description: str, kept: str) -> None:
+    assert clean_description(description, "", NONE_SHARED) == kept
 
 
 def test_keyword_rules_drop_tool_tags_numbers_and_repeats_and_fold_plurals() -> None:
