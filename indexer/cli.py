@@ -12,6 +12,9 @@ import typer
 
 from models.command_line import (
     EXIT_BAD_INPUT,
+    IndexRootOpt,
+    ModelOpt,
+    RedisOpt,
     check_served_paths,
     fail,
     one_line,
@@ -47,12 +50,6 @@ def _setup_logging() -> None:
 
 
 ModalityOpt = Annotated[str, typer.Option("--modality", help="image or text gallery.")]
-RootOpt = Annotated[
-    Path | None, typer.Option("--index-root", help="Index root [env PROBSEARCH_INDEX_ROOT].")
-]
-RedisOpt = Annotated[
-    str | None, typer.Option("--redis-url", help="Redis URL [env PROBSEARCH_REDIS_URL].")
-]
 
 
 @app.command()
@@ -61,8 +58,8 @@ def reindex(
     source: Annotated[
         Path, typer.Option(help="Dataset dir, captions .jsonl, image folder or COCO .json.")
     ],
-    model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
-    index_root: RootOpt = None,
+    model: ModelOpt = None,
+    index_root: IndexRootOpt = None,
     metrics: Annotated[
         str,
         typer.Option(
@@ -159,7 +156,7 @@ def _registry(index_root: Path | None, redis_url: str | None):
 
 @index_app.command("list")
 def list_versions(
-    modality: ModalityOpt, index_root: RootOpt = None, redis_url: RedisOpt = None
+    modality: ModalityOpt, index_root: IndexRootOpt = None, redis_url: RedisOpt = None
 ) -> None:
     """List published versions, oldest first; `*` marks the active one."""
     from indexer.manifest import read_manifest
@@ -203,7 +200,7 @@ def _stores_line(sides: Any, redis_url: str | None) -> str:
 def activate_version(
     modality: ModalityOpt,
     version: Annotated[str, typer.Argument(help="Version name (see `index list`).")],
-    index_root: RootOpt = None,
+    index_root: IndexRootOpt = None,
     redis_url: RedisOpt = None,
 ) -> None:
     """Make a published version active (Redis key, ACTIVE file, activation event)."""
@@ -215,7 +212,9 @@ def activate_version(
 
 
 @index_app.command("rollback")
-def rollback(modality: ModalityOpt, index_root: RootOpt = None, redis_url: RedisOpt = None) -> None:
+def rollback(
+    modality: ModalityOpt, index_root: IndexRootOpt = None, redis_url: RedisOpt = None
+) -> None:
     """Activate the newest version older than the active one."""
     registry = _registry(index_root, redis_url)
     version = _run(lambda: registry.rollback(modality))
@@ -226,7 +225,7 @@ def rollback(modality: ModalityOpt, index_root: RootOpt = None, redis_url: Redis
 def gc(
     modality: ModalityOpt,
     keep: Annotated[int, typer.Option(min=1, help="Newest versions to keep.")] = 3,
-    index_root: RootOpt = None,
+    index_root: IndexRootOpt = None,
     redis_url: RedisOpt = None,
 ) -> None:
     """Delete old versions, keeping the newest --keep and always the active one, and what
@@ -241,9 +240,6 @@ def gc(
         typer.echo(f"removed what dead jobs left: {', '.join(debris)}")
 
 
-ModelOpt = Annotated[Path | None, typer.Option("--model", help="Model dir [env PROBSEARCH_MODEL].")]
-
-
 @index_app.command("add")
 def add(
     modality: ModalityOpt,
@@ -251,7 +247,7 @@ def add(
         Path, typer.Option(help="Captions .jsonl, image folder or dataset dir, as reindex reads.")
     ],
     model: ModelOpt = None,
-    index_root: RootOpt = None,
+    index_root: IndexRootOpt = None,
     redis_url: RedisOpt = None,
     batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = ENCODE_BATCH,
 ) -> None:
@@ -291,7 +287,7 @@ def delete(
     ids: Annotated[
         Path, typer.Option(help="File of item ids: one per line, or JSON lines with an id.")
     ],
-    index_root: RootOpt = None,
+    index_root: IndexRootOpt = None,
     redis_url: RedisOpt = None,
 ) -> None:
     """Delete items from the active version without a rebuild."""
@@ -311,7 +307,7 @@ def delete(
 @index_app.command("compact")
 def compact_gallery(
     modality: ModalityOpt,
-    index_root: RootOpt = None,
+    index_root: IndexRootOpt = None,
     redis_url: RedisOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -347,19 +343,15 @@ def calibrate(
     target_coverage: Annotated[
         float | None, typer.Option(help="Fraction of queries to keep instead.")
     ] = None,
-    index_root: Annotated[
-        Path | None, typer.Option(help="Index root [env PROBSEARCH_INDEX_ROOT].")
-    ] = None,
-    model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
+    index_root: IndexRootOpt = None,
+    model: ModelOpt = None,
     gallery: Annotated[list[str] | None, typer.Option(help="image and/or text.")] = None,
     split: Annotated[str, typer.Option(help="Held-out split the gallery does not hold.")] = "val",
     metrics: Annotated[str, typer.Option(help="Comma-separated; default: all served.")] = "",
     mc_samples: Annotated[
         int | None, typer.Option(help="MC draws [env PROBSEARCH_MC_SAMPLES].")
     ] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Redis URL [env PROBSEARCH_REDIS_URL].")
-    ] = None,
+    redis_url: RedisOpt = None,
 ) -> None:
     """Pick the reject score, its temperature and threshold for the active indexes on held-out
     queries (the score with the best normalised AUPRC)."""

@@ -3,7 +3,8 @@ as one line on stderr with an exit code instead of a traceback."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -12,6 +13,16 @@ from models.settings import Settings
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+# The options of every command that reads an index root, a model or Redis, each falling back
+# to its PROBSEARCH_ variable (resolved by settings_from, not by click).
+IndexRootOpt = Annotated[
+    Path | None, typer.Option("--index-root", help="Index root [env PROBSEARCH_INDEX_ROOT].")
+]
+ModelOpt = Annotated[Path | None, typer.Option("--model", help="Model dir [env PROBSEARCH_MODEL].")]
+RedisOpt = Annotated[
+    str | None, typer.Option("--redis-url", help="Redis URL [env PROBSEARCH_REDIS_URL].")
+]
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:

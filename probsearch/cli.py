@@ -16,7 +16,7 @@ import typer
 from indexer.cli import app as indexer_app
 from models.allocator import keep_freed_memory
 from models.cli import app as models_app
-from models.command_line import EXIT_BAD_INPUT, fail, one_line, settings_from
+from models.command_line import EXIT_BAD_INPUT, RedisOpt, fail, one_line, settings_from
 from models.datasets.cli import app as data_app
 from models.evaluation.cli import eval_command
 from service.commands import app as service_app
@@ -56,9 +56,7 @@ def demo(
     ] = False,
     host: Annotated[str | None, typer.Option(help="Bind address [env PROBSEARCH_HOST].")] = None,
     port: Annotated[int | None, typer.Option(help="Port, 0: any [env PROBSEARCH_PORT].")] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Redis URL [env PROBSEARCH_REDIS_URL].")
-    ] = None,
+    redis_url: RedisOpt = None,
 ) -> None:
     """Build (or reuse) the data, model, indexes and calibration, then serve on :8000: clip art
     searched with heads on pretrained backbones, or with --shapes the shapes lab."""

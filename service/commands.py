@@ -1,31 +1,35 @@
 """Subcommands of the service stage: serve."""
 
 import os
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from indexer.shortlist_backends import make_backend
-from models.command_line import EXIT_BAD_INPUT, check_served_paths, fail, one_line, settings_from
+from models.command_line import (
+    EXIT_BAD_INPUT,
+    IndexRootOpt,
+    ModelOpt,
+    RedisOpt,
+    check_served_paths,
+    fail,
+    one_line,
+    settings_from,
+)
 
 app = typer.Typer(no_args_is_help=True)
 
 
 @app.command()
 def serve(
-    index_root: Annotated[
-        Path | None, typer.Option(help="Index root [env PROBSEARCH_INDEX_ROOT].")
-    ] = None,
-    model: Annotated[Path | None, typer.Option(help="Model dir [env PROBSEARCH_MODEL].")] = None,
+    index_root: IndexRootOpt = None,
+    model: ModelOpt = None,
     host: Annotated[str | None, typer.Option(help="Bind address [env PROBSEARCH_HOST].")] = None,
     port: Annotated[int | None, typer.Option(help="Port [env PROBSEARCH_PORT].")] = None,
     workers: Annotated[
         int | None, typer.Option(help="Worker processes [env PROBSEARCH_WORKERS].")
     ] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Redis URL [env PROBSEARCH_REDIS_URL].")
-    ] = None,
+    redis_url: RedisOpt = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the HTTP query service (every setting also reads PROBSEARCH_*; flags win)."""
