@@ -186,6 +186,28 @@ def test_a_renderer_that_hangs_is_killed_at_the_timeout(tmp_path: Path, monkeypa
     assert caught.value.reason == "timed out"
 
 
+@pytest.mark.parametrize("prlimit", [True, False], ids=["prlimit", "preexec_fn"])
+def test_the_renderer_runs_under_the_memory_and_cpu_limits(
+    tmp_path: Path, monkeypatch, prlimit: bool
+) -> None:
+    """The renderer's own limits, as the shell reports them: through util-linux's prlimit and
+    through the preexec_fn used where prlimit is missing."""
+    if prlimit and clipart_render.PRLIMIT is None:
+        pytest.fail("util-linux's prlimit is not installed (Debian installs it everywhere)")
+    if not prlimit:
+        monkeypatch.setattr(clipart_render, "PRLIMIT", None)
+    reporting = tmp_path / "limits-renderer"
+    reporting.write_text('#!/bin/sh\necho "limits $(ulimit -v) $(ulimit -t)" >&2\nexit 1\n')
+    reporting.chmod(reporting.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(clipart_render, "RENDERER", str(reporting))
+    source = tmp_path / "a.svg"
+    source.write_text(svg("An Apple"))
+    limits = RenderLimits(timeout_s=4.0, memory_bytes=512 * 1024 * 1024)
+    with pytest.raises(RenderError) as caught:
+        render_png(source, tmp_path / "a.png", 64, limits)
+    assert str(caught.value) == "renderer failed: limits 524288 5"  # KiB of memory, CPU seconds
+
+
 def test_a_render_a_pixel_too_large_is_scaled_to_fit(tmp_path: Path, monkeypatch) -> None:
     """rsvg-convert rounds some sides up (225 px for --width 224); such a render is kept."""
     picture = tmp_path / "rounded.png"
