@@ -174,13 +174,20 @@ def test_render_refuses_a_blank_drawing(tmp_path: Path) -> None:
     assert caught.value.reason == "blank" and not (tmp_path / "blank.png").exists()
 
 
-def test_a_renderer_that_hangs_is_killed_at_the_timeout(tmp_path: Path, monkeypatch) -> None:
-    hanging = tmp_path / "hanging-renderer"
-    hanging.write_text("#!/bin/sh\nsleep 30\n")
-    hanging.chmod(hanging.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(clipart_render, "RENDERER", str(hanging))
+def with_fake_renderer(tmp_path: Path, monkeypatch, script: str) -> Path:
+    """An SVG to render, with the renderer replaced by a shell script (its lines after
+    #!/bin/sh)."""
+    renderer = tmp_path / "fake-renderer"
+    renderer.write_text(f"#!/bin/sh\n{script}\n")
+    renderer.chmod(renderer.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(clipart_render, "RENDERER", str(renderer))
     source = tmp_path / "a.svg"
     source.write_text(svg("An Apple"))
+    return source
+
+
+def test_a_renderer_that_hangs_is_killed_at_the_timeout(tmp_path: Path, monkeypatch) -> None:
+    source = with_fake_renderer(tmp_path, monkeypatch, "sleep 30")
     with pytest.raises(RenderError) as caught:
         render_png(source, tmp_path / "a.png", 64, RenderLimits(timeout_s=0.5))
     assert caught.value.reason == "timed out"
@@ -196,12 +203,8 @@ def test_the_renderer_runs_under_the_memory_and_cpu_limits(
         pytest.fail("util-linux's prlimit is not installed (Debian installs it everywhere)")
     if not prlimit:
         monkeypatch.setattr(clipart_render, "PRLIMIT", None)
-    reporting = tmp_path / "limits-renderer"
-    reporting.write_text('#!/bin/sh\necho "limits $(ulimit -v) $(ulimit -t)" >&2\nexit 1\n')
-    reporting.chmod(reporting.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(clipart_render, "RENDERER", str(reporting))
-    source = tmp_path / "a.svg"
-    source.write_text(svg("An Apple"))
+    report = 'echo "limits $(ulimit -v) $(ulimit -t)" >&2\nexit 1'
+    source = with_fake_renderer(tmp_path, monkeypatch, report)
     limits = RenderLimits(timeout_s=4.0, memory_bytes=512 * 1024 * 1024)
     with pytest.raises(RenderError) as caught:
         render_png(source, tmp_path / "a.png", 64, limits)
@@ -212,12 +215,7 @@ def test_a_render_a_pixel_too_large_is_scaled_to_fit(tmp_path: Path, monkeypatch
     """rsvg-convert rounds some sides up (225 px for --width 224); such a render is kept."""
     picture = tmp_path / "rounded.png"
     Image.new("RGB", (225, 113), (200, 0, 0)).save(picture)
-    fake = tmp_path / "rounding-renderer"
-    fake.write_text(f"#!/bin/sh\ncat {picture}\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(clipart_render, "RENDERER", str(fake))
-    source = tmp_path / "a.svg"
-    source.write_text(svg("An Apple"))
+    source = with_fake_renderer(tmp_path, monkeypatch, f"cat {picture}")
     render_png(source, tmp_path / "a.png", 224, RenderLimits())
     with Image.open(tmp_path / "a.png") as image:
         pixels = np.asarray(image)
