@@ -11,14 +11,13 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from models.command_line import (
-    EXIT_BAD_INPUT,
     IndexRootOpt,
     ModelOpt,
     RedisOpt,
-    check_served_paths,
+    bad_input_exits,
     fail,
-    one_line,
     required,
+    served_settings,
     settings_from,
 )
 from models.onnx import ENCODE_BATCH
@@ -50,6 +49,7 @@ def _setup_logging() -> None:
 
 
 ModalityOpt = Annotated[str, typer.Option("--modality", help="image or text gallery.")]
+BatchSizeOpt = Annotated[int, typer.Option(min=1, help="Items per encoder call.")]
 
 
 @app.command()
@@ -69,7 +69,7 @@ def reindex(
     ] = "",
     index_type: Annotated[str, typer.Option(help="auto|flat|ivf|ivfsq|hnsw|ivfpq")] = "auto",
     dtype: Annotated[str, typer.Option(help="float32|float16 for mu.npy/logvar.npy.")] = "float32",
-    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = ENCODE_BATCH,
+    batch_size: BatchSizeOpt = ENCODE_BATCH,
     chunk_items: Annotated[int, typer.Option(min=1, help="Items per resumable chunk.")] = 4096,
     activate: Annotated[bool, typer.Option(help="Make the new version active.")] = False,
     redis_url: RedisOpt = None,
@@ -243,13 +243,11 @@ def gc(
 @index_app.command("add")
 def add(
     modality: ModalityOpt,
-    source: Annotated[
-        Path, typer.Option(help="Captions .jsonl, image folder or dataset dir, as reindex reads.")
-    ],
+    source: Annotated[Path, typer.Option(help="Captions .jsonl, image folder or dataset dir.")],
     model: ModelOpt = None,
     index_root: IndexRootOpt = None,
     redis_url: RedisOpt = None,
-    batch_size: Annotated[int, typer.Option(min=1, help="Items per encoder call.")] = ENCODE_BATCH,
+    batch_size: BatchSizeOpt = ENCODE_BATCH,
 ) -> None:
     """Add the source's items to the active version without a rebuild (an id the gallery
     holds is replaced); running services serve them on their next request."""
@@ -284,9 +282,7 @@ def add(
 @index_app.command("delete")
 def delete(
     modality: ModalityOpt,
-    ids: Annotated[
-        Path, typer.Option(help="File of item ids: one per line, or JSON lines with an id.")
-    ],
+    ids: Annotated[Path, typer.Option(help="Item ids, one a line (or JSON lines with an id).")],
     index_root: IndexRootOpt = None,
     redis_url: RedisOpt = None,
 ) -> None:
@@ -360,11 +356,9 @@ def calibrate(
     from indexer.threads import apply_thread_budget
     from models.threads import thread_budget
 
-    try:
-        flags = {"index_root": index_root, "model": model, "redis_url": redis_url}
-        settings = settings_from(flags).with_default_paths()
-        threads = apply_thread_budget(thread_budget("batch", settings.threads))
-        check_served_paths(settings)
+    settings = served_settings({"index_root": index_root, "model": model, "redis_url": redis_url})
+    threads = apply_thread_budget(thread_budget("batch", settings.threads))
+    with bad_input_exits():
         target = Target(precision=target_precision, coverage=target_coverage)
         redis = default_redis_url(settings.redis_url)
         registry = ActiveRegistry(settings.index_root, redis, namespace=settings.namespace)
@@ -386,8 +380,6 @@ def calibrate(
             )
             for result in run_calibration(job):
                 typer.echo(_calibration_line(modality, version, result))
-    except (ValueError, OSError) as error:
-        raise fail(one_line(error), EXIT_BAD_INPUT) from None
 
 
 def _calibration_line(modality: str, version: str, result: Any) -> str:

@@ -3,6 +3,8 @@ as one line on stderr with an exit code instead of a traceback."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,6 +49,26 @@ def settings_from(flags: dict[str, Any]) -> Settings:
         return Settings.with_flags(flags)
     except ValidationError as error:
         raise fail(one_line(error), EXIT_BAD_INPUT) from None
+
+
+@contextlib.contextmanager
+def bad_input_exits() -> Iterator[None]:
+    """A ValueError or OSError raised in the block (a bad flag, file or setting found while
+    the command works) ends the command with one line on stderr and exit 2."""
+    try:
+        yield
+    except (ValueError, OSError) as error:
+        raise fail(one_line(error), EXIT_BAD_INPUT) from None
+
+
+def served_settings(flags: dict[str, Any]) -> Settings:
+    """The settings of a command that reads a model and an index root (`serve`, `calibrate`):
+    settings_from(flags) with the default paths filled in and both paths checked; a missing
+    one fails with one line (exit 2)."""
+    with bad_input_exits():
+        settings = settings_from(flags).with_default_paths()
+        check_served_paths(settings)
+    return settings
 
 
 def required(settings: Settings, name: str, option: str, what: str = "") -> Any:

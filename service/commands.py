@@ -6,16 +6,7 @@ from typing import Annotated
 import typer
 
 from indexer.shortlist_backends import make_backend
-from models.command_line import (
-    EXIT_BAD_INPUT,
-    IndexRootOpt,
-    ModelOpt,
-    RedisOpt,
-    check_served_paths,
-    fail,
-    one_line,
-    settings_from,
-)
+from models.command_line import IndexRootOpt, ModelOpt, RedisOpt, bad_input_exits, served_settings
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -46,12 +37,9 @@ def serve(
         "workers": workers,
         "redis_url": redis_url,
     }
-    try:
-        settings = settings_from(overrides).with_default_paths()
-        check_served_paths(settings)
+    settings = served_settings(overrides)
+    with bad_input_exits():
         make_backend(settings.shortlist_backend, settings.milvus_uri)  # pymilvus, URI set
-    except (ValueError, OSError) as error:
-        raise fail(one_line(error), EXIT_BAD_INPUT) from None
     if settings.workers == 1:
         uvicorn.run(
             create_app(settings),

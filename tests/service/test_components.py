@@ -426,12 +426,34 @@ def test_status_table() -> None:
     assert status_of(RuntimeError("x")) == (500, "internal_error")
 
 
-def test_serve_refuses_a_missing_model_dir_with_one_line(tmp_path) -> None:
-    command = [str(PROBSEARCH), "serve", "--model", str(tmp_path / "nope"),
-               "--index-root", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(
+    "command", [["serve"], ["calibrate", "--data", ".", "--target-coverage", "0.8"]]
+)
+def test_commands_reading_a_model_refuse_a_missing_model_dir_with_one_line(
+    tmp_path, command: list[str]
+) -> None:
+    argv = [str(PROBSEARCH), *command, "--model", str(tmp_path / "nope"),
+            "--index-root", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "has no model.json: pass --model MODEL_DIR" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "command", [["serve"], ["calibrate", "--data", ".", "--target-coverage", "0.8"]]
+)
+def test_commands_reading_an_index_root_refuse_a_missing_one_with_one_line(
+    tmp_path, command: list[str]
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.json").write_text("{}")
+    argv = [str(PROBSEARCH), *command, "--model", str(model),
+            "--index-root", str(tmp_path / "absent")]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "does not exist: pass --index-root" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
