@@ -147,6 +147,13 @@ class QueryInfo:
                "captions (its encoders cannot place them). A caption with more unknown than "
                "known content words is rejected by the unknown_words score."),
     ] = field(default_factory=list)  # fmt: skip
+    did_you_mean: Annotated[
+        str | None,
+        _about("Caption queries with unknown words: the caption's words with each unknown "
+               "word that is one edit (a letter dropped, two swapped, one changed or one added) "
+               "from a word the model knows replaced by it, e.g. \"red circle\" for \"redd "
+               "circel\". Null when no unknown word is that close to a known one."),
+    ] = None  # fmt: skip
     out_of_range: Annotated[
         float | None,
         _about("Distance of the query's mean from the centre of the gallery's means, in "
@@ -219,7 +226,8 @@ def query_info(
         reject_threshold=reject.threshold, temperature=rule.temperature, mc_samples=mc_samples,
         shortlist_size=shortlist_size, mu=mu, logvar=logvar,
         uninformative=uninformative(values, mc_samples, shortlist_size),
-        unknown_words=list(words.unknown) if words is not None else [], out_of_range=far,
+        unknown_words=list(words.unknown) if words is not None else [],
+        did_you_mean=words.suggestion if words is not None else None, out_of_range=far,
     )  # fmt: skip
 
 

@@ -8,6 +8,12 @@ never learned where it belongs; either way the query's Gaussian then says nothin
 the training captions' words (known_words.json, written by training; the small encoders'
 vocab.json for models trained before it), the unknown ones are reported with the answer, and
 a query whose content words are mostly unknown is refused.
+
+A typo ("redd circel", "pengiun") is an unknown word too, so the check also offers the caption
+with each unknown word replaced by a known word one edit away (a letter dropped, two swapped,
+one changed or one added: most typing errors), which the page shows as "did you mean". The
+edits of a word are generated and looked up (Norvig's spelling corrector), a fixed cost of
+about 54 x its length lookups rather than a comparison with every known word.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ KNOWN_WORDS_FILE = "known_words.json"
 UNKNOWN_WORDS_SCORE = "unknown_words"
 # Above this fraction of unknown content words a query is refused: more unknown than known.
 UNKNOWN_WORDS_LIMIT = 0.5
+# At most this many unknown words of a query are corrected, each of at most this many letters:
+# a caption of hundreds of long unknown words costs no more than a short one.
+MAX_CORRECTED_WORDS = 8
+MAX_CORRECTED_LENGTH = 32
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # Words that carry no content: a query is judged on the others ("a pink hexagon": 2 of 2).
 FUNCTION_WORDS = frozenset(
     {
@@ -63,6 +74,7 @@ class WordCheck:
 
     content_words: tuple[str, ...]
     unknown: tuple[str, ...]
+    suggestion: str | None = None  # the caption's words with the unknown ones corrected
 
     @property
     def unknown_fraction(self) -> float:
@@ -101,6 +113,36 @@ class KnownWords:
         path.write_text(json.dumps(sorted(self.words)), encoding="utf-8")
 
     def check(self, text: str) -> WordCheck:
-        """The content words of `text` (in order, repeats once) and the unknown ones."""
-        content = tuple(dict.fromkeys(w for w in split_words(text) if w not in FUNCTION_WORDS))
-        return WordCheck(content, tuple(w for w in content if w not in self.words))
+        """The content words of `text` (in order, repeats once), the unknown ones, and the
+        caption's words with each unknown word that has a known one an edit away replaced by
+        it (None when none has)."""
+        words = split_words(text)
+        content = tuple(dict.fromkeys(w for w in words if w not in FUNCTION_WORDS))
+        unknown = tuple(w for w in content if w not in self.words)
+        corrections = {w: c for w in unknown[:MAX_CORRECTED_WORDS] if (c := self.correction(w))}
+        suggestion = " ".join(corrections.get(w, w) for w in words) if corrections else None
+        return WordCheck(content, unknown, suggestion)
+
+    def correction(self, word: str) -> str | None:
+        """A known word one edit away from `word`, or None. Edits are tried by kind, in the
+        order typing errors most often take: a letter dropped from the word ("redd" ->
+        "red"), two neighbours swapped ("circel" -> "circle"), one changed, one added; within
+        a kind the alphabetically first known word wins."""
+        if len(word) > MAX_CORRECTED_LENGTH:
+            return None
+        for edits in one_edit_away(word):
+            known = sorted(edits & self.words)
+            if known:
+                return known[0]
+        return None
+
+
+def one_edit_away(word: str) -> tuple[set[str], set[str], set[str], set[str]]:
+    """The strings one edit from `word`: (a letter deleted, two neighbours transposed, a
+    letter replaced, a letter inserted), each over a-z."""
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    deleted = {a + b[1:] for a, b in splits if b}
+    transposed = {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1 and b[0] != b[1]}
+    replaced = {a + c + b[1:] for a, b in splits if b for c in LETTERS if c != b[0]}
+    inserted = {a + c + b for a, b in splits for c in LETTERS}
+    return deleted, transposed, replaced, inserted

@@ -47,3 +47,49 @@ def test_known_words_round_trip_and_old_models_fall_back_to_their_vocabulary(tmp
     Tokenizer.build(["a red circle"]).save(old / "vocab.json")
     assert KnownWords.load(old).words == {"a", "red", "circle"}
     assert not (old / KNOWN_WORDS_FILE).exists()
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance by dynamic programming: deletions, insertions,
+    substitutions and transpositions of neighbours, each costing 1."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(
+                d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])
+            )
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
+WORDS = st.text(alphabet="abcde", min_size=1, max_size=6)
+
+
+@given(WORDS, st.sets(WORDS, max_size=30))
+def test_a_correction_is_a_known_word_one_edit_away_and_none_means_there_is_none(
+    word: str, known: set[str]
+) -> None:
+    correction = KnownWords(known).correction(word)
+    near = {k for k in known if edit_distance(word, k) == 1}
+    if correction is None:
+        assert not near
+    else:
+        assert correction in near
+
+
+def test_typos_are_corrected_dropped_letters_first() -> None:
+    assert KNOWN.check("redd circel").suggestion == "red circle"
+    assert KNOWN.check("a bleu sqare").suggestion == "a blue square"
+    assert KnownWords({"red", "reed"}).correction("redd") == "red"  # not the changed letter
+    assert KNOWN.check("asdf qwerty").suggestion is None
+    assert KNOWN.check("a red circle").suggestion is None
+
+
+def test_at_most_eight_words_of_a_caption_are_corrected() -> None:
+    check = KNOWN.check(" ".join(["redd"] * 3 + [f"re{c}d" for c in "abcefghi"]))
+    assert check.suggestion is not None
+    corrected = check.suggestion.split()
+    assert corrected[:3] == ["red"] * 3  # one unknown word, corrected everywhere
+    assert corrected[3:10] == ["red"] * 7 and corrected[10] == "reid"  # the 9th unknown word
+    assert KnownWords({"a" * 40}).correction("a" * 41) is None  # past the length cap

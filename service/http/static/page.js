@@ -405,11 +405,23 @@ function showVerdict(queryInfo) {
   showUnknownWords(queryInfo);
 }
 
-// The caption's words the model never met in training (query.unknown_words).
+// The caption's words the model never met in training (query.unknown_words), and the caption
+// with those a typo away from a known word corrected (query.did_you_mean), as a link.
 function showUnknownWords(queryInfo) {
   const words = queryInfo.unknown_words || [];
   $("unknown-words").hidden = words.length === 0;
   $("unknown-words-list").textContent = words.join(", ");
+  const suggestion = queryInfo.did_you_mean || "";
+  $("did-you-mean").hidden = !suggestion;
+  $("did-you-mean-link").textContent = suggestion;
+}
+
+function searchSuggestion(event) {
+  event.preventDefault();
+  const text = $("did-you-mean-link").textContent;
+  if (!text) return;
+  $("text").value = text;
+  run(textRequest(text));
 }
 
 // The query's own vagueness (its log det), apart from the score the service rejects with.
@@ -699,6 +711,7 @@ function wire() {
     const text = $("text").value.trim();
     if (text) run(textRequest(text));
   });
+  $("did-you-mean-link").addEventListener("click", searchSuggestion);
   $("image").addEventListener("change", () => chooseImage($("image").files[0]));
   const zone = $("drop-zone");
   for (const type of ["dragenter", "dragover"]) {
