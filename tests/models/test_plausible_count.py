@@ -115,7 +115,7 @@ def test_a_sparse_matrix_counts_its_partners_as_its_dense_column_sums(
     entries = [(r % rows, c % columns, w) for r, c, w in entries]
     indices = torch.tensor([[r for r, _, _ in entries], [c for _, c, _ in entries]]).reshape(2, -1)
     values = torch.tensor([w for _, _, w in entries], dtype=torch.float64)
-    sparse = torch.sparse_coo_tensor(indices, values, (rows, columns))
+    sparse = torch.sparse_coo_tensor(indices, values, (rows, columns), check_invariants=True)
     want = sparse.to_dense().sum(dim=0)[:, None]
     torch.testing.assert_close(partner_count(sparse), want)
     torch.testing.assert_close(partner_count(sparse.t()), sparse.to_dense().sum(dim=1)[:, None])
