@@ -15,7 +15,9 @@ Two roles, two rules:
   idle but 28.6 s beside it (each op waits for the thread that lost its core), and 2 threads
   with OMP_WAIT_POLICY=PASSIVE, which the CLI sets, 11.7 s and 11.8 s: no gain over one.
   The same count on every 2-core machine also keeps training reproducible (a thread count
-  changes the order of float reductions).
+  changes the order of float reductions). The exception is work in batches that share
+  nothing, the backbone features of a split: one batch per CPU at once, on one thread each
+  (batches that only take turns on a busy core, where one batch's threads wait for each other).
 - serve: requests overlap, and the event loop, the micro-batchers' worker threads and the
   image decoders need CPU beside the numeric pools, whose per-request work (one query, tens
   of microseconds of arithmetic) gains nothing from splitting it across threads. Each pool
@@ -77,10 +79,14 @@ def thread_budget(role: Role, override: int | None = None, workers: int = 1) -> 
 
 
 def concurrent_batches(threads: ThreadBudget, workers: int = 1) -> int:
-    """How many micro-batches of one kind a serving process runs at once: enough for its
-    one-thread-a-batch pools to fill this worker's share of the CPUs, at least one. On 2 cores
-    (one worker, one thread a pool) that is 2: a text search's encoder and its scoring run one
-    after another in a batch, so one batch at a time kept the server at 1.0 core."""
+    """How many independent batches of one kind a process runs at once, each on pools of
+    `threads`: enough to fill this worker's share of the CPUs, at least one. On 2 cores (one
+    worker, one thread a pool) that is 2.
+
+    A serving process runs that many micro-batches at once: a text search's encoder and its
+    scoring run one after another in a batch, so one batch at a time kept the server at 1.0
+    core. Training encodes its backbone features that many one-thread batches at once
+    (models.training.feature_splits)."""
     return max(1, available_cpus() // (max(1, workers) * threads.intra_op))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -42,12 +43,16 @@ def split_features(
     backbone_key: str,
     encode: Callable[[list], torch.Tensor | np.ndarray],
     batch_size: int = ENCODE_BATCH,
+    workers: int = 1,
 ) -> tuple[list[str], np.ndarray]:
     """The ids and float32 features (N, dim) of the split's images or captions, in the
     dataset's order: read from the cache when it holds exactly these ids, else computed
     with `encode` (a list of PIL images or caption strings -> (B, dim)) and cached.
 
     backbone_key: the backbone's name and weights fingerprint, e.g. "efficientnet-lite0-0a1b2c".
+    workers: batches loaded and encoded at once, each in a thread of its own (`encode` must be
+    thread-safe, as an ONNX Runtime session is). The batches are the same whatever the count,
+    so the features are too.
     """
     part = dataset.split(split)
     records = part.images if kind == "image" else part.captions
@@ -56,14 +61,19 @@ def split_features(
     cached = _read(path, ids)
     if cached is not None:
         return ids, cached
-    chunks = []
     order = _encoding_order(records, kind)
+
+    def encoded(start: int) -> np.ndarray:
+        batch = [records[i] for i in order[start : start + batch_size]]
+        with torch.inference_mode():  # per thread
+            return np.asarray(encode(_inputs(batch, kind)), dtype=np.float32)
+
+    chunks = []
     bar = tqdm(total=len(records), desc=f"{backbone_key} features of {split} {kind}s", unit=kind)
-    with torch.inference_mode():
-        for start in range(0, len(records), batch_size):
-            batch = [records[i] for i in order[start : start + batch_size]]
-            chunks.append(np.asarray(encode(_inputs(batch, kind)), dtype=np.float32))
-            bar.update(len(batch))
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for chunk in pool.map(encoded, range(0, len(records), batch_size)):
+            chunks.append(chunk)
+            bar.update(len(chunk))
     bar.close()
     features = np.zeros((0, 0), np.float32)
     if chunks:

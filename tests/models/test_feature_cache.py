@@ -2,6 +2,7 @@
 
 import hashlib
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,42 @@ def test_another_backbone_or_changed_items_or_a_broken_file_are_computed_again(
     split_features(fewer, "val", "text", "counting-1", encoder)
     assert encoder.seen == 4 * len(ids) - 2
     assert not list(cache.parent.glob(".*.tmp"))
+
+
+class MeetingEncoder(CountingEncoder):
+    """A CountingEncoder whose first two batches wait for each other: they can only both
+    finish when two threads encode at once (else the barrier breaks after its timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=20)
+        self.threads: set[int] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, batch) -> torch.Tensor:
+        with self.lock:
+            self.threads.add(threading.get_ident())
+            first_two = len(self.batches) < 2
+            out = super().__call__(batch)
+        if first_two:
+            self.barrier.wait()
+        return out
+
+
+def test_workers_encode_batches_at_once_and_give_the_same_features(
+    dataset_dir: Path, tmp_path: Path
+) -> None:
+    alone, together = CountingEncoder(), MeetingEncoder()
+    dataset = load_dataset(dataset_dir)
+    ids, one = split_features(dataset, "val", "text", "one", alone, batch_size=5)
+    same_ids, two = split_features(dataset, "val", "text", "two", together, 5, workers=2)
+    assert same_ids == ids and len(together.threads) == 2
+    np.testing.assert_array_equal(two, one)
+    assert sorted(map(tuple, together.batches)) == sorted(map(tuple, alone.batches))
+    ids, pixels = split_features(dataset, "test", "image", "one", alone, batch_size=4)
+    same_ids, pixels_two = split_features(dataset, "test", "image", "two", MeetingEncoder(), 4, 2)
+    assert same_ids == ids
+    np.testing.assert_array_equal(pixels_two, pixels)
 
 
 def test_the_weights_fingerprint_is_the_files_sha256(tmp_path: Path) -> None:
