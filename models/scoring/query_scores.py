@@ -259,10 +259,9 @@ def block_scores(
     distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
     mc_mu = None if mc_distances is None or draws is None else draws[0]
     fit = None if caption_query is None else CaptionFit(query[0], candidates, caption_query)
-    return [
-        query_scores(query[1], distances, t, mc_mu, mc_distances, fit, novelty)
-        for t in temperatures
-    ]
+    return scores_at_temperatures(
+        query[1], distances, temperatures, mc_mu, mc_distances, fit, novelty
+    )
 
 
 def agreeing_draws(scores: QueryScores) -> QueryScores:
@@ -334,28 +333,60 @@ def query_scores(
         fit: the means and side of the caption that top_mahalanobis needs, or None.
         novelty: (Q,) the queries' novelty from their encoder, or None.
     """
+    (scores,) = scores_at_temperatures(
+        logvar, distances, [temperature], mc_mu, mc_distances, fit, novelty
+    )
+    return scores
+
+
+def scores_at_temperatures(
+    logvar: torch.Tensor,
+    distances: torch.Tensor,
+    temperatures: Sequence[float],
+    mc_mu: torch.Tensor | None = None,
+    mc_distances: torch.Tensor | None = None,
+    fit: CaptionFit | None = None,
+    novelty: np.ndarray | None = None,
+) -> list[QueryScores]:
+    """query_scores at each of `temperatures`: the scores that do not depend on T (log-det,
+    entropy, feature uncertainty, top_mahalanobis, novelty) are computed once and shared."""
     num_candidates = distances.shape[-1]
     if num_candidates == 0:
-        return _without_candidates(logvar, mc_mu, novelty)
-    posterior = retrieval_posterior(_padded(distances), temperature)  # (Q, M')
-    feature = mi = None
+        return [_without_candidates(logvar, mc_mu, novelty) for _ in temperatures]
+    draws = mc_mu is not None and mc_distances is not None and mc_mu.shape[0] > 0
+    feature = feature_uncertainty(mc_mu.double()).cpu().numpy() if draws else None
+    shared = {
+        "log_det": log_det(logvar.double()).cpu().numpy(),
+        "entropy": entropy(logvar.double()).cpu().numpy(),
+        "feature_uncertainty": feature,
+        "top_mahalanobis": None if fit is None else fit.top_mahalanobis(logvar, distances),
+        "novelty": None if novelty is None else np.asarray(novelty, dtype=np.float64),
+    }
+    padded = _padded(distances)  # (Q, M')
+    padded_draws = _padded(mc_distances) if draws else None  # (L, Q, M')
+    return [
+        QueryScores(**shared, **_posterior_scores(padded, padded_draws, t, num_candidates))
+        for t in temperatures
+    ]
+
+
+def _posterior_scores(
+    padded: torch.Tensor, padded_draws: torch.Tensor | None, temperature: float, count: int
+) -> dict[str, np.ndarray | None]:
+    """The scores that depend on T: the posterior over the `count` candidates, its entropy
+    (averaged over the draws when there are draws) and the mutual information."""
+    posterior = retrieval_posterior(padded, temperature)  # (Q, M')
+    mi = None
     mean_posterior = posterior
-    if mc_mu is not None and mc_distances is not None and mc_mu.shape[0] > 0:
-        feature = feature_uncertainty(mc_mu.double()).cpu().numpy()
-        padded = _padded(mc_distances)  # (L, Q, M')
-        mi = mutual_information(padded, temperature).clamp(max=math.log(num_candidates))
+    if padded_draws is not None:
+        mi = mutual_information(padded_draws, temperature).clamp(max=math.log(count))
         mi = mi.cpu().numpy()
-        mean_posterior = retrieval_posterior(padded, temperature).mean(dim=0)
-    return QueryScores(
-        log_det=log_det(logvar.double()).cpu().numpy(),
-        entropy=entropy(logvar.double()).cpu().numpy(),
-        feature_uncertainty=feature,
-        mutual_information=mi,
-        posterior_entropy=_entropy_of(mean_posterior).cpu().numpy(),
-        posterior=posterior[..., :num_candidates].cpu().numpy(),
-        top_mahalanobis=None if fit is None else fit.top_mahalanobis(logvar, distances),
-        novelty=None if novelty is None else np.asarray(novelty, dtype=np.float64),
-    )
+        mean_posterior = retrieval_posterior(padded_draws, temperature).mean(dim=0)
+    return {
+        "mutual_information": mi,
+        "posterior_entropy": _entropy_of(mean_posterior).cpu().numpy(),
+        "posterior": posterior[..., :count].cpu().numpy(),
+    }
 
 
 def _without_candidates(
