@@ -68,10 +68,15 @@ def split_features(
         with torch.inference_mode():  # per thread
             return np.asarray(encode(_inputs(batch, kind)), dtype=np.float32)
 
-    chunks = []
+    starts = range(0, len(records), batch_size)
     bar = tqdm(total=len(records), desc=f"{backbone_key} features of {split} {kind}s", unit=kind)
+    # The first batch runs alone, so that what `encode` sets up on its first call (a backbone's
+    # export, which silences the exporter's warnings: not thread-safe) is done before the
+    # others start.
+    chunks = [encoded(start) for start in starts[:1]]
+    bar.update(sum(map(len, chunks)))
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        for chunk in pool.map(encoded, range(0, len(records), batch_size)):
+        for chunk in pool.map(encoded, starts[1:]):
             chunks.append(chunk)
             bar.update(len(chunk))
     bar.close()
