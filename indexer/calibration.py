@@ -59,7 +59,7 @@ from models.networks.preprocess import load_image
 from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
 from models.scoring.query_scores import TEMPERATURE_SCORES, gated, score_shortlists
 from models.scoring.rerank import compute_device
-from models.threads import ThreadBudget
+from models.threads import ThreadBudget, concurrent_batches, thread_budget
 
 CALIBRATION_FILE = "calibration.json"
 RERANK_BLOCK = 1024  # queries re-ranked together (memory: RERANK_BLOCK x shortlist x D)
@@ -386,7 +386,11 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
         if not queries:
             raise CalibrationError(f"split {job.split!r} of {job.data_dir} has no queries")
         query_kind = "text" if gallery == "image" else "image"
-        encoder = OnnxEncoder(job.model_dir, query_kind, job.device, threads=job.threads)
+        threads = job.threads or thread_budget("batch")
+        encoder = OnnxEncoder(
+            job.model_dir, query_kind, job.device, threads=threads,
+            workers=concurrent_batches(threads),
+        )  # fmt: skip
         embeddings = encode_queries(encoder, queries, job.mc_samples, job.seed)
         outliers = None
         if encoder.modality == "image":

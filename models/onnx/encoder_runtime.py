@@ -4,7 +4,8 @@ from a seeded generator, and (mu, logvar, MC draws) for a batch."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -102,7 +103,9 @@ class OnnxEncoder:
     has no randomness to draw: its L draws are the deterministic embedding repeated, without
     running the graph L more times (`Embeddings.identical_draws`). Inputs are encoded in chunks of
     `batch_size`. `threads` sizes ONNX Runtime's pools (default: the batch role's budget for the
-    CPUs of this process, models.threads; a command passes the budget its settings give).
+    CPUs of this process, models.threads; a command passes the budget its settings give);
+    `workers` chunks run at once, each in a thread of its own (a batch job that encodes a whole
+    split; a served batch is one chunk). The chunks are the same whatever the count.
 
     A model on pretrained backbones runs its whole path (backbone, then heads) from images or
     captions, tokenised with its tokenizer.json; with `heads_only` it runs the heads alone on
@@ -117,6 +120,7 @@ class OnnxEncoder:
         batch_size: int = ENCODE_BATCH,
         threads: ThreadBudget | None = None,
         heads_only: bool = False,
+        workers: int = 1,
     ) -> None:
         import onnxruntime as ort
 
@@ -127,6 +131,7 @@ class OnnxEncoder:
         self.config = ModelConfig.load(self.model_dir)
         self.embed_dim = self.config.embed_dim
         self.batch_size = batch_size
+        self.workers = max(1, workers)
         # Read once: a query then calls nothing of model_config (docs/design.md section 9).
         self.pretrained = self.config.pretrained
         if heads_only and not self.pretrained:
@@ -261,18 +266,8 @@ class OnnxEncoder:
         novelty: list[np.ndarray] = []  # (n,) per chunk
         mu = np.empty((draws, batch, dim), dtype=np.float32)
         logvar = np.empty((draws, batch, dim), dtype=np.float32)
-        for start in range(0, batch, self.batch_size):
+        for start, got in self._chunks(feeds, batch):
             stop = min(start + self.batch_size, batch)
-            chunk = {name: _slice_batch(name, array, start, stop) for name, array in feeds.items()}
-            if "lengths" in chunk:  # trim padding to the chunk's longest caption
-                width = int(chunk["lengths"].max())
-                chunk["token_ids"] = chunk["token_ids"][:, :width]
-                chunk["word_masks"] = chunk["word_masks"][:, :, :width]
-            if "attention_mask" in chunk:
-                width = int(chunk["attention_mask"].sum(axis=1).max())
-                chunk["input_ids"] = chunk["input_ids"][:, :width]
-                chunk["attention_mask"] = chunk["attention_mask"][:, :width]
-            got = dict(zip(self._outputs, self.session.run(self._outputs, chunk), strict=True))
             mu[:, start:stop] = got["mu"].reshape(draws, stop - start, dim)  # from (S * n, D)
             logvar[:, start:stop] = got["logvar"].reshape(draws, stop - start, dim)
             if "embeddings" in got:
@@ -289,6 +284,35 @@ class OnnxEncoder:
             out.embeddings = embeddings[0]
             out.mc_embeddings = embeddings[1:] if mc_samples else None
         return out
+
+    def _chunks(
+        self, feeds: dict[str, np.ndarray], batch: int
+    ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """(start, outputs) of each chunk, in order: in this thread when there is one chunk or
+        one worker (a served batch), else `workers` chunks at once."""
+        starts = range(0, batch, self.batch_size)
+        if self.workers == 1 or len(starts) < 2:
+            yield from ((start, self._run_chunk(feeds, start, batch)) for start in starts)
+            return
+        with ThreadPoolExecutor(min(self.workers, len(starts))) as pool:
+            outputs = pool.map(lambda start: self._run_chunk(feeds, start, batch), starts)
+            yield from zip(starts, outputs, strict=True)
+
+    def _run_chunk(
+        self, feeds: dict[str, np.ndarray], start: int, batch: int
+    ) -> dict[str, np.ndarray]:
+        """The graph's outputs for items start:start + batch_size, padding trimmed."""
+        stop = min(start + self.batch_size, batch)
+        chunk = {name: _slice_batch(name, array, start, stop) for name, array in feeds.items()}
+        if "lengths" in chunk:  # trim padding to the chunk's longest caption
+            width = int(chunk["lengths"].max())
+            chunk["token_ids"] = chunk["token_ids"][:, :width]
+            chunk["word_masks"] = chunk["word_masks"][:, :, :width]
+        if "attention_mask" in chunk:
+            width = int(chunk["attention_mask"].sum(axis=1).max())
+            chunk["input_ids"] = chunk["input_ids"][:, :width]
+            chunk["attention_mask"] = chunk["attention_mask"][:, :width]
+        return dict(zip(self._outputs, self.session.run(self._outputs, chunk), strict=True))
 
 
 def _in_order(out: Embeddings, order: np.ndarray) -> Embeddings:

@@ -3,6 +3,7 @@ provider choice and errors."""
 
 import dataclasses
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +133,40 @@ def test_text_chunking_does_not_change_results(tiny_model_dir, text_encoder) -> 
         small.encode_texts(TEXTS, mc_samples=2, seed=5).mc_mu,
         text_encoder.encode_texts(TEXTS, mc_samples=2, seed=5).mc_mu,
         atol=1e-5,
+    )
+
+
+class MeetingSession:
+    """An ONNX Runtime session whose first two runs wait for each other: both finish only
+    when two chunks run at once (else the barrier breaks after its timeout)."""
+
+    def __init__(self, session) -> None:
+        self.session, self.calls = session, 0
+        self.barrier = threading.Barrier(2, timeout=20)
+        self.lock = threading.Lock()
+
+    def run(self, outputs, feeds):
+        with self.lock:
+            self.calls += 1
+            meet = self.calls <= 2
+        if meet:
+            self.barrier.wait()
+        return self.session.run(outputs, feeds)
+
+
+def test_workers_run_chunks_at_once_with_the_same_results(tiny_model_dir, images) -> None:
+    one = OnnxEncoder(tiny_model_dir, "text", batch_size=2)
+    two = OnnxEncoder(tiny_model_dir, "text", batch_size=2, workers=2)
+    two.session = MeetingSession(two.session)
+    alone, together = (e.encode_texts(TEXTS, mc_samples=3, seed=5) for e in (one, two))
+    assert two.session.calls == 3
+    np.testing.assert_array_equal(together.mu, alone.mu)
+    np.testing.assert_array_equal(together.mc_logvar, alone.mc_logvar)
+    pictures = OnnxEncoder(tiny_model_dir, "image", batch_size=4, workers=2)
+    pictures.session = MeetingSession(pictures.session)
+    np.testing.assert_array_equal(
+        pictures.encode_images(images, mc_samples=2, seed=1).mc_mu,
+        OnnxEncoder(tiny_model_dir, "image", batch_size=4).encode_images(images, 2, 1).mc_mu,
     )
 
 

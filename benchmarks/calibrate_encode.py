@@ -1,0 +1,93 @@
+"""Seconds for `probsearch calibrate` to encode a demo build's held-out queries (16 MC draws)
+with one-thread ONNX Runtime pools, one chunk at a time against `concurrent_batches` chunks at
+once (OnnxEncoder's workers), and whether the embeddings are identical. Writes a Markdown
+table to --out.
+
+    python benchmarks/calibrate_encode.py --demo-dir .cache/demo
+
+The two settings alternate within each round, in one process, so a drift of the shared
+machine reaches both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+
+from indexer.calibration import encode_queries  # noqa: E402
+from models.datasets.records import load_dataset  # noqa: E402
+from models.onnx.encoder_runtime import Embeddings, OnnxEncoder  # noqa: E402
+from models.threads import ThreadBudget, concurrent_batches  # noqa: E402
+
+FIELDS = ("mu", "logvar", "mc_mu", "mc_logvar", "novelty")
+
+
+def same(a: Embeddings, b: Embeddings) -> bool:
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f))
+        for f in FIELDS
+        if getattr(a, f) is not None or getattr(b, f) is not None
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--demo-dir", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/calibrate_encode.md")
+    args = parser.parse_args()
+    started, load = time.perf_counter(), os.getloadavg()
+    val = load_dataset(args.demo_dir / "data").split("val")
+    queries = {"image": val.images, "text": val.captions}
+    budget = ThreadBudget(1)
+    settings = (1, concurrent_batches(budget))
+    encoders = {
+        (w, kind): OnnxEncoder(args.demo_dir / "model", kind, "cpu", threads=budget, workers=w)
+        for w in settings
+        for kind in queries
+    }
+    seconds: dict[tuple[int, str], list[float]] = {}
+    outputs: dict[tuple[int, str], Embeddings] = {}
+    for round_ in range(args.rounds):
+        for workers in settings if round_ % 2 == 0 else settings[::-1]:
+            for kind, items in queries.items():
+                start = time.perf_counter()
+                outputs[workers, kind] = encode_queries(encoders[workers, kind], items, 16, 0)
+                seconds.setdefault((workers, kind), []).append(time.perf_counter() - start)
+                print(round_, workers, kind, f"{seconds[workers, kind][-1]:.1f} s", flush=True)
+    identical = all(same(outputs[settings[0], k], outputs[settings[1], k]) for k in queries)
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    lines = [
+        "# Calibration's query encoding: one chunk at a time against chunks at once",
+        "",
+        f"Command: `{command}`; machine: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs; load (1/5/15 min) at start {load[0]:.2f} / {load[1]:.2f} / "
+        f"{load[2]:.2f}, at end {os.getloadavg()[0]:.2f}; wall time "
+        f"{(time.perf_counter() - started) / 60:.1f} min.",
+        "",
+        f"The val split of `{args.demo_dir}` ({len(val.images)} images, {len(val.captions)} "
+        f"captions) through OnnxEncoder with 16 MC draws, one-thread pools, chunks of 32; "
+        f"seconds per round. Embeddings identical between the settings: {identical}.",
+        "",
+        "| chunks at once | val images (s) | val captions (s) |",
+        "| ---: | --- | --- |",
+    ]
+    for workers in settings:
+        cells = [", ".join(f"{s:.1f}" for s in seconds[workers, kind]) for kind in queries]
+        lines.append(f"| {workers} | " + " | ".join(cells) + " |")
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
