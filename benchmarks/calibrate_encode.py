@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
+from result_header import result_header  # noqa: E402
 
 from indexer.calibration import encode_queries  # noqa: E402
 from models.datasets.records import load_dataset  # noqa: E402
@@ -66,14 +66,9 @@ def main() -> None:
                 seconds.setdefault((workers, kind), []).append(time.perf_counter() - start)
                 print(round_, workers, kind, f"{seconds[workers, kind][-1]:.1f} s", flush=True)
     identical = all(same(outputs[settings[0], k], outputs[settings[1], k]) for k in queries)
-    command = " ".join([Path(sys.executable).name, *sys.argv])
+    title = "Calibration's query encoding: one chunk at a time against chunks at once"
     lines = [
-        "# Calibration's query encoding: one chunk at a time against chunks at once",
-        "",
-        f"Command: `{command}`; machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs; load (1/5/15 min) at start {load[0]:.2f} / {load[1]:.2f} / "
-        f"{load[2]:.2f}, at end {os.getloadavg()[0]:.2f}; wall time "
-        f"{(time.perf_counter() - started) / 60:.1f} min.",
+        *result_header(title, load, started),
         "",
         f"The val split of `{args.demo_dir}` ({len(val.images)} images, {len(val.captions)} "
         f"captions) through OnnxEncoder with 16 MC draws, one-thread pools, chunks of 32; "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from result_header import result_header  # noqa: E402
 
 from models.backbones.feature_cache import split_features  # noqa: E402
 from models.backbones.registry import load_backbone  # noqa: E402
@@ -86,17 +86,13 @@ def main() -> None:
             finally:
                 if loop is not None:
                     loop.kill()
-    write(args, figures, load, time.perf_counter() - started)
+    write(args, figures, load, started)
 
 
-def write(args: argparse.Namespace, figures: dict, load: tuple, seconds: float) -> None:
-    command = " ".join([Path(sys.executable).name, *sys.argv])
+def write(args: argparse.Namespace, figures: dict, load: tuple, started: float) -> None:
+    title = "Backbone features per second: threads per runner x batches at once"
     lines = [
-        "# Backbone features per second: threads per runner x batches at once",
-        "",
-        f"Command: `{command}`; machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs; load (1/5/15 min) at start {load[0]:.2f} / {load[1]:.2f} / "
-        f"{load[2]:.2f}, at end {os.getloadavg()[0]:.2f}; wall time {seconds / 60:.1f} min.",
+        *result_header(title, load, started),
         "",
         f"{args.images} train images and {args.captions} train captions of `{args.data}`, "
         f"batches of 32, median of {args.rounds} rounds (each round's figures in brackets).",

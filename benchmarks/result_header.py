@@ -1,0 +1,24 @@
+"""The first lines of a benchmark's results file: its title, then the command, the machine,
+the load average at start and end, and the wall time."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+
+def result_header(title: str, load_at_start: tuple[float, ...], started: float) -> list[str]:
+    """`started`: time.perf_counter() when the run began; `load_at_start`: os.getloadavg()."""
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    one, five, fifteen = load_at_start
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{command}`; machine: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs; load (1/5/15 min) at start {one:.2f} / {five:.2f} / "
+        f"{fifteen:.2f}, at end {os.getloadavg()[0]:.2f}; wall time "
+        f"{(time.perf_counter() - started) / 60:.1f} min.",
+    ]
