@@ -16,8 +16,9 @@ Two roles, two rules:
   with OMP_WAIT_POLICY=PASSIVE, which the CLI sets, 11.7 s and 11.8 s: no gain over one.
   The same count on every 2-core machine also keeps training reproducible (a thread count
   changes the order of float reductions). The exception is work in batches that share
-  nothing, the backbone features of a split: one batch per CPU at once, on one thread each
-  (batches that only take turns on a busy core, where one batch's threads wait for each other).
+  nothing (batches only take turns on a busy core, where one batch's threads wait for each
+  other): training's backbone features, one batch per CPU at once on one thread each, and
+  calibrate's held-out queries, concurrent_batches chunks at once.
 - serve: requests overlap, and the event loop, the micro-batchers' worker threads and the
   image decoders need CPU beside the numeric pools, whose per-request work (one query, tens
   of microseconds of arithmetic) gains nothing from splitting it across threads. Each pool
