@@ -39,7 +39,10 @@ def brute_force_novelty(query: np.ndarray, bank: np.ndarray) -> float:
     return 1.0 - best
 
 
-finite = st.floats(-10, 10, allow_nan=False, width=32).filter(lambda x: abs(x) > 1e-3)
+# Away from zero by construction, not by a filter: filtering 45 elements an example made
+# Hypothesis discard most examples and fail its filter_too_much health check at random.
+_SMALLEST = 2.0**-10
+finite = st.one_of(st.floats(_SMALLEST, 10, width=32), st.floats(-10, -_SMALLEST, width=32))
 
 
 @settings(max_examples=40, deadline=None)
