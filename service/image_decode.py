@@ -24,7 +24,6 @@ import ctypes.util
 import io
 import os
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image, UnidentifiedImageError
@@ -61,14 +60,13 @@ def decode_bounded(data: bytes, image_size: int, max_pixels: int) -> Image.Image
         raise InvalidImageError("empty file: expected image bytes (PNG, JPEG, ...)")
     keep = KEEP_SIDE_FACTOR * image_size
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
-                image.draft("RGB", (keep, keep))  # JPEG: decode at 1/2..1/8 scale; others: no-op
-                _check_pixels(image, max_pixels)
-                check_pixel_data(data)  # a PNG of fewer rows than its header says
-                image.load()
-                return _shrink(image, keep).convert("RGB")
+        # Pillow's DecompressionBombWarning is silenced by models.networks.preprocess's import.
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", (keep, keep))  # JPEG: decode at 1/2..1/8 scale; others: no-op
+            _check_pixels(image, max_pixels)
+            check_pixel_data(data)  # a PNG of fewer rows than its header says
+            image.load()
+            return _shrink(image, keep).convert("RGB")
     except Image.DecompressionBombError as error:
         raise ImageTooLargeError(f"image exceeds the pixel limit: {error}") from error
     except UnidentifiedImageError as error:

@@ -27,6 +27,14 @@ __all__ = [
 
 DEFAULT_MAX_PIXELS = 50_000_000
 
+# Pillow warns past Image.MAX_IMAGE_PIXELS (about 89 Mpx) and raises past twice that. Every
+# decoder of the project (decode_image here, service.image_decode) refuses an image over its
+# own, lower, limit from the header, so the warning adds nothing; it is silenced once, for the
+# process, when this module is imported. Silencing it around each decode with
+# warnings.catch_warnings would swap the process-wide filter list from the decode threads,
+# which is not thread-safe: a filter could be lost or left behind.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
 
 class InvalidImageError(ValueError):
     """The bytes are not a decodable image (wrong format, truncated, corrupt)."""
@@ -46,17 +54,14 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.
     if not data:
         raise InvalidImageError("empty file: expected image bytes (PNG, JPEG, ...)")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise ImageTooLargeError(
-                    f"image is {width}x{height} = {width * height} pixels; "
-                    f"the limit is {max_pixels}"
-                )
-            check_pixel_data(data)  # a PNG of fewer rows than its header says
-            image.load()
+        image = Image.open(io.BytesIO(data))
+        width, height = image.size
+        if width * height > max_pixels:
+            raise ImageTooLargeError(
+                f"image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}"
+            )
+        check_pixel_data(data)  # a PNG of fewer rows than its header says
+        image.load()
     except Image.DecompressionBombError as e:
         raise ImageTooLargeError(f"image exceeds the pixel limit: {e}") from e
     except UnidentifiedImageError as e:

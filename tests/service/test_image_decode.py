@@ -2,6 +2,8 @@
 
 import asyncio
 import io
+import subprocess
+import sys
 import threading
 import time
 
@@ -80,3 +82,42 @@ def test_at_most_max_concurrent_decodes_run_at_once(monkeypatch: pytest.MonkeyPa
     finally:
         decoder.close()
     assert peak[0] == 2
+
+
+
+BOMB_CHECK = """
+import io, sys, warnings
+from PIL import Image
+from models.networks.preprocess import decode_image
+from service.image_decode import decode_bounded
+
+shown = []
+warnings.showwarning = lambda message, *rest, **kw: shown.append(str(message))
+Image.MAX_IMAGE_PIXELS = 1000  # 40 x 40 = 1600 px: Pillow warns; neither decoder's limit refuses
+filters, touched = warnings.filters, []
+real_open = Image.open
+
+def watched_open(*args, **kwargs):
+    touched.append(warnings.filters is not filters)
+    return real_open(*args, **kwargs)
+
+Image.open = watched_open
+buffer = io.BytesIO()
+Image.new("RGB", (40, 40), "red").save(buffer, "PNG")
+for decode in (decode_image, lambda data: decode_bounded(data, 8, 10**6)):
+    assert decode(buffer.getvalue()).mode == "RGB"
+print(len(touched), sum(touched), len(shown), shown)
+"""
+
+
+def test_decoding_past_pillows_bomb_warning_neither_warns_nor_swaps_the_warning_filters() -> None:
+    """Decodes run in threads, and warnings.catch_warnings swaps the process-wide filter list,
+    which is not thread-safe; so neither decoder may touch the filters while it decodes, nor
+    warn (Pillow's DecompressionBombWarning is silenced once, when preprocess is imported).
+    In a process of its own: pytest restores the filters after collecting, which drops the
+    import's filter from this one."""
+    done = subprocess.run(
+        [sys.executable, "-c", BOMB_CHECK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(maxsplit=3)[:3] == ["2", "0", "0"], done.stdout
