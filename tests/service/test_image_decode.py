@@ -84,7 +84,6 @@ def test_at_most_max_concurrent_decodes_run_at_once(monkeypatch: pytest.MonkeyPa
     assert peak[0] == 2
 
 
-
 BOMB_CHECK = """
 import io, sys, warnings
 from PIL import Image
