@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+# A graph call's fixed cost in padded tokens (chunk_bounds), chosen on the demo's train captions
+# (batches of 4 and 16 with 16 draws; of 2, 4, 8 and 16 tokens, 8 was fastest at 16 and none
+# differed at 4); benchmarks/results/text_chunks.md measures it on the test captions.
+CALL_COST_TOKENS = 8.0
 
 
 Seeds = int | Sequence[int]
@@ -266,8 +270,7 @@ class OnnxEncoder:
         novelty: list[np.ndarray] = []  # (n,) per chunk
         mu = np.empty((draws, batch, dim), dtype=np.float32)
         logvar = np.empty((draws, batch, dim), dtype=np.float32)
-        for start, got in self._chunks(feeds, batch):
-            stop = min(start + self.batch_size, batch)
+        for (start, stop), got in self._chunks(feeds, batch):
             mu[:, start:stop] = got["mu"].reshape(draws, stop - start, dim)  # from (S * n, D)
             logvar[:, start:stop] = got["logvar"].reshape(draws, stop - start, dim)
             if "embeddings" in got:
@@ -287,22 +290,34 @@ class OnnxEncoder:
 
     def _chunks(
         self, feeds: dict[str, np.ndarray], batch: int
-    ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-        """(start, outputs) of each chunk, in order: in this thread when there is one chunk or
-        one worker (a served batch), else `workers` chunks at once."""
-        starts = range(0, batch, self.batch_size)
-        if self.workers == 1 or len(starts) < 2:
-            yield from ((start, self._run_chunk(feeds, start, batch)) for start in starts)
+    ) -> Iterator[tuple[tuple[int, int], dict[str, np.ndarray]]]:
+        """((start, stop), outputs) of each chunk, in order: in this thread when there is one
+        chunk or one worker (a served batch), else `workers` chunks at once."""
+        bounds = self._bounds(feeds, batch)
+        if self.workers == 1 or len(bounds) < 2:
+            yield from ((bound, self._run_chunk(feeds, *bound)) for bound in bounds)
             return
-        with ThreadPoolExecutor(min(self.workers, len(starts))) as pool:
-            outputs = pool.map(lambda start: self._run_chunk(feeds, start, batch), starts)
-            yield from zip(starts, outputs, strict=True)
+        with ThreadPoolExecutor(min(self.workers, len(bounds))) as pool:
+            outputs = pool.map(lambda bound: self._run_chunk(feeds, *bound), bounds)
+            yield from zip(bounds, outputs, strict=True)
+
+    def _bounds(self, feeds: dict[str, np.ndarray], batch: int) -> list[tuple[int, int]]:
+        """Chunks of at most batch_size items: captions cut where padding them to one length
+        costs more than another call (chunk_bounds; encode_texts sorts them by length, so the
+        chunks are runs of similar lengths), images every batch_size."""
+        if "attention_mask" in feeds:
+            return chunk_bounds(feeds["attention_mask"].sum(axis=1), self.batch_size)
+        if "lengths" in feeds:
+            return chunk_bounds(feeds["lengths"], self.batch_size)
+        return [
+            (start, min(start + self.batch_size, batch))
+            for start in range(0, batch, self.batch_size)
+        ]
 
     def _run_chunk(
-        self, feeds: dict[str, np.ndarray], start: int, batch: int
+        self, feeds: dict[str, np.ndarray], start: int, stop: int
     ) -> dict[str, np.ndarray]:
-        """The graph's outputs for items start:start + batch_size, padding trimmed."""
-        stop = min(start + self.batch_size, batch)
+        """The graph's outputs for items start:stop, padding trimmed."""
         chunk = {name: _slice_batch(name, array, start, stop) for name, array in feeds.items()}
         if "lengths" in chunk:  # trim padding to the chunk's longest caption
             width = int(chunk["lengths"].max())
@@ -328,6 +343,34 @@ def _in_order(out: Embeddings, order: np.ndarray) -> Embeddings:
         mc_embeddings=items(out.mc_embeddings, 1), identical_draws=out.identical_draws,
         novelty=items(out.novelty, 0),
     )  # fmt: skip
+
+
+def chunk_bounds(
+    lengths: np.ndarray, most: int, call_cost: float = CALL_COST_TOKENS
+) -> list[tuple[int, int]]:
+    """(start, stop) of consecutive chunks covering items 0..n-1 in order, each of at most
+    `most` items, with the fewest padded tokens (a chunk's size x its longest item's length)
+    plus `call_cost` per chunk: an exact dynamic programme. Among equally cheap cuts the last
+    chunk starts as late as it can, so equal lengths give chunks of `most` from the front.
+
+    A graph call pads every caption to its longest, and a transformer's cost grows with the
+    padded tokens: one long caption in a batch of short ones (the clip-art demo's captions
+    have 9 tokens on average and up to 87) made them all cost as much as it does."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    count = len(lengths)
+    best = np.zeros(count + 1)
+    cut = np.zeros(count + 1, dtype=np.int64)
+    for stop in range(1, count + 1):
+        starts = np.arange(stop - 1, max(0, stop - most) - 1, -1)  # latest start first
+        longest = np.maximum.accumulate(lengths[starts])  # of items start..stop-1
+        costs = best[starts] + call_cost + (stop - starts) * longest
+        pick = int(np.argmin(costs))
+        best[stop], cut[stop] = costs[pick], starts[pick]
+    bounds, stop = [], count
+    while stop > 0:
+        bounds.append((int(cut[stop]), stop))
+        stop = int(cut[stop])
+    return bounds[::-1]
 
 
 def _graph_file(modality: str, heads_only: bool) -> str:

@@ -249,3 +249,34 @@ def test_captions_encoded_shortest_first_come_back_in_their_order(pretrained_dir
         np.testing.assert_allclose(chunked.mu[i], one.mu[0], atol=1e-5)
         np.testing.assert_allclose(chunked.mc_mu[:, i], one.mc_mu[:, 0], atol=1e-5)
         np.testing.assert_allclose(chunked.mc_logvar[:, i], one.mc_logvar[:, 0], atol=1e-5)
+
+
+class RecordingSession:
+    """An ONNX Runtime session that records the (items, tokens) shape of each call."""
+
+    def __init__(self, session) -> None:
+        self.session, self.shapes = session, []
+
+    def run(self, outputs, feeds):
+        self.shapes.append(feeds["input_ids"].shape)
+        return self.session.run(outputs, feeds)
+
+
+def test_short_captions_are_not_padded_to_a_long_one(pretrained_dir) -> None:
+    """A batch of short captions and one long one is run in two calls, so the short ones are
+    padded to their own length (encoder_runtime.chunk_bounds); each caption still gets what it gets
+    alone."""
+    long = "the longest caption of all, naming a green triangle and a blue circle " * 4
+    captions = ["tux", "a star", long, "cat", "a red apple", "two dogs", "a tree", "the sun"]
+    seeds = list(range(len(captions)))
+    encoder = OnnxEncoder(pretrained_dir, "text")
+    encoder.session = RecordingSession(encoder.session)
+    batch = encoder.encode_texts(captions, 3, seeds)
+    assert [items for items, _ in encoder.session.shapes] == [7, 1]
+    short_width, long_width = (tokens for _, tokens in encoder.session.shapes)
+    assert short_width < 8 < 40 < long_width
+    alone = OnnxEncoder(pretrained_dir, "text")
+    for i, (caption, seed) in enumerate(zip(captions, seeds, strict=True)):
+        one = alone.encode_texts([caption], 3, [seed])
+        np.testing.assert_allclose(batch.mu[i], one.mu[0], atol=1e-5)
+        np.testing.assert_allclose(batch.mc_logvar[:, i], one.mc_logvar[:, 0], atol=1e-5)
