@@ -27,7 +27,8 @@ whole rule reject.
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -366,6 +367,20 @@ class CalibrationJob:
     threads: ThreadBudget | None = None  # the encoder's pools; None: the batch budget
 
 
+def each_metric(
+    calibrated: Callable[[str], MetricCalibration], metrics: Sequence[str], workers: int
+) -> list[MetricCalibration]:
+    """`calibrated(metric)` of each metric, in order: `workers` metrics at once, each in a
+    thread of its own, when there are more than one of both. The metrics share nothing but
+    the read-only version, so the results are those of one at a time; on 2 cores with the
+    batch budget's one thread a pool, one at a time left a core idle through the scoring
+    (benchmarks/results/calibrate_metrics.md)."""
+    if workers < 2 or len(metrics) < 2:
+        return [calibrated(metric) for metric in metrics]
+    with ThreadPoolExecutor(min(workers, len(metrics))) as pool:
+        return list(pool.map(calibrated, metrics))
+
+
 def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
     """Calibrate T and tau for each metric of the version and record them in its manifest."""
     if job.mc_samples < 2:
@@ -398,8 +413,8 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
             outliers = encoder.encode_images(images, job.mc_samples, job.seed)
         judge = Judge(queries, dataset, gallery)
         device = compute_device(job.device)
-        results = []
-        for metric in metrics:
+
+        def calibrated(metric: str) -> MetricCalibration:
             scores, correct = query_scores_by_candidate(
                 version, metric, embeddings, judge, job.temperatures, job.shortlist, device
             )
@@ -409,9 +424,9 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
                     version, metric, outliers, lambda q, item: False, job.temperatures,
                     job.shortlist, device,
                 )  # fmt: skip
-            results.append(
-                summarise(metric, job.temperatures, scores, correct, job.target, outlier_scores)
-            )
+            return summarise(metric, job.temperatures, scores, correct, job.target, outlier_scores)
+
+        results = each_metric(calibrated, metrics, concurrent_batches(threads))
     finally:
         version.close()
     record(job.version_dir, results, job.data_dir, job.split, job.target, job.mc_samples)

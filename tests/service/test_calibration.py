@@ -4,6 +4,8 @@ import json
 import math
 import shutil
 import subprocess
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,12 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import indexer.calibration as calibration_module
 from indexer.calibration import (
     FAMILIAR_QUANTILE,
     OUTLIER_AUROC_FLOOR,
     CalibrationError,
+    CalibrationJob,
     Target,
     candidate_name,
+    each_metric,
+    run_calibration,
     select_threshold,
     summarise,
 )
@@ -26,6 +32,7 @@ from indexer.manifest import read_manifest, verify_checksums
 from indexer.registry import ActiveRegistry
 from indexer.version_writer import update_calibration
 from models.scoring.query_scores import SCORE_NAMES
+from models.threads import ThreadBudget
 from tests.service.conftest import (
     PROBSEARCH,
     Artifacts,
@@ -34,6 +41,8 @@ from tests.service.conftest import (
     make_settings,
     probsearch,
 )
+
+EACH_METRIC = calibration_module.each_metric
 
 queries = st.integers(1, 40).flatmap(
     lambda n: st.tuples(
@@ -285,3 +294,41 @@ def test_an_image_above_the_familiarity_gate_is_rejected_by_its_log_det(
             kept = http.post("/search/image", files=files, data=own).json()["query"]
             assert kept["reject_score"]["name"] == manifest.calibration[metric].score
             assert kept["rejected"] is False
+
+
+def test_each_metric_runs_metrics_at_once_and_keeps_their_order() -> None:
+    """Two metrics must meet at a barrier, so one at a time fails (the barrier breaks); the
+    first one waits longer, and the results still come back in the metrics' order."""
+    barrier = threading.Barrier(2, timeout=20)
+
+    def calibrated(metric: str) -> str:
+        if metric in ("w2", "kl"):
+            barrier.wait()
+        time.sleep(0.2 if metric == "w2" else 0.0)
+        return metric.upper()
+
+    metrics = ["w2", "kl", "csd"]
+    assert each_metric(calibrated, metrics, workers=2) == ["W2", "KL", "CSD"]
+    assert each_metric(str.upper, metrics, workers=1) == ["W2", "KL", "CSD"]
+
+
+def test_metrics_calibrated_at_once_write_what_one_at_a_time_writes(
+    artifacts: Artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written = {}
+    for workers in (1, 2):
+        root = copy_index_root(artifacts, tmp_path / f"workers{workers}")
+        registry = ActiveRegistry(root, None)
+        version_dir = registry.version_path("image", registry.active_version("image"))
+        monkeypatch.setattr(
+            calibration_module, "each_metric", lambda f, m, _w, n=workers: EACH_METRIC(f, m, n)
+        )
+        run_calibration(
+            CalibrationJob(
+                version_dir=version_dir, model_dir=artifacts.model, data_dir=artifacts.shapes,
+                target=Target(coverage=0.6), mc_samples=4, threads=ThreadBudget(1),
+            )
+        )  # fmt: skip
+        written[workers] = (version_dir / "calibration.json").read_bytes()
+    assert len(read_manifest(version_dir).metrics) > 1
+    assert written[1] == written[2]

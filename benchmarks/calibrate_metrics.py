@@ -1,0 +1,99 @@
+"""Seconds for `probsearch calibrate` (indexer.calibration.run_calibration) on a demo build's
+two galleries with the batch budget's one-thread pools: the metrics one at a time against
+`concurrent_batches` metrics at once (each_metric), and whether calibration.json comes out
+byte-identical. Writes a Markdown table to --out.
+
+    python benchmarks/calibrate_metrics.py --demo-dir .cache/demo
+
+Each run calibrates a fresh copy of the active version dirs. The two settings alternate within
+each round, in one process, so a drift of the shared machine reaches both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from result_header import result_header  # noqa: E402
+
+import indexer.calibration as calibration  # noqa: E402
+from indexer.calibration import CalibrationJob, Target, run_calibration  # noqa: E402
+from indexer.registry import ActiveRegistry  # noqa: E402
+from models.threads import ThreadBudget, concurrent_batches, configure_torch_threads  # noqa: E402
+
+TARGET = Target(coverage=0.8)  # the clip-art demo's
+EACH_METRIC = calibration.each_metric
+
+
+def calibrate(version_dir: Path, demo_dir: Path, workers: int) -> tuple[float, bytes]:
+    """Seconds to calibrate a copy of `version_dir` with `workers` metrics at once (the query
+    encoding as shipped, concurrent_batches chunks at once), and the calibration.json it
+    wrote."""
+    calibration.each_metric = lambda calibrated, metrics, _: EACH_METRIC(
+        calibrated, metrics, workers
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / version_dir.name
+        shutil.copytree(version_dir, copy)
+        job = CalibrationJob(
+            version_dir=copy, model_dir=demo_dir / "model", data_dir=demo_dir / "data",
+            target=TARGET, mc_samples=16, threads=ThreadBudget(1), device="cpu",
+        )  # fmt: skip
+        start = time.perf_counter()
+        run_calibration(job)
+        return time.perf_counter() - start, (copy / "calibration.json").read_bytes()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--demo-dir", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks/results/calibrate_metrics.md"
+    )
+    args = parser.parse_args()
+    started, load = time.perf_counter(), os.getloadavg()
+    configure_torch_threads(ThreadBudget(1))
+    registry = ActiveRegistry(args.demo_dir / "indexes", None)
+    versions = {g: registry.version_path(g, registry.active_version(g)) for g in ("image", "text")}
+    settings = (1, concurrent_batches(ThreadBudget(1)))
+    seconds: dict[tuple[int, str], list[float]] = {}
+    written: dict[tuple[int, str], bytes] = {}
+    for round_ in range(args.rounds):
+        for workers in settings if round_ % 2 == 0 else settings[::-1]:
+            for gallery, version_dir in versions.items():
+                took, written[workers, gallery] = calibrate(version_dir, args.demo_dir, workers)
+                seconds.setdefault((workers, gallery), []).append(took)
+                print(round_, workers, gallery, f"{took:.1f} s", flush=True)
+    identical = all(written[settings[0], g] == written[settings[1], g] for g in versions)
+    title = "Calibration's metrics: one at a time against several at once"
+    lines = [
+        *result_header(title, load, started),
+        "",
+        f"`run_calibration` on copies of the active versions of `{args.demo_dir}` (the val "
+        "split, 16 MC draws, every metric the version serves), one-thread pools (the batch "
+        "budget on 2 cores), the query encoding included; seconds per round. calibration.json "
+        f"byte-identical between the settings: {identical}.",
+        "",
+        "| metrics at once | image gallery, caption queries (s) | text gallery, image queries (s) "
+        "|",
+        "| ---: | --- | --- |",
+    ]
+    for workers in settings:
+        cells = [", ".join(f"{s:.1f}" for s in seconds[workers, g]) for g in versions]
+        lines.append(f"| {workers} | " + " | ".join(cells) + " |")
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
