@@ -1,7 +1,8 @@
 """Seconds for `probsearch calibrate` (indexer.calibration.run_calibration) on a demo build's
-two galleries with the batch budget's one-thread pools: the metrics one at a time against
-`concurrent_batches` metrics at once (each_metric), and whether calibration.json comes out
-byte-identical. Writes a Markdown table to --out.
+two galleries in three layouts: two-thread pools, one metric at a time (the clip-art demo's
+build before it switched); the batch budget's one-thread pools, one metric at a time; and
+one-thread pools with `concurrent_batches` metrics at once (each_metric); and whether
+calibration.json comes out byte-identical. Writes a Markdown table to --out.
 
     python benchmarks/calibrate_metrics.py --demo-dir .cache/demo
 
@@ -28,16 +29,18 @@ from result_header import result_header  # noqa: E402
 import indexer.calibration as calibration  # noqa: E402
 from indexer.calibration import CalibrationJob, Target, run_calibration  # noqa: E402
 from indexer.registry import ActiveRegistry  # noqa: E402
-from models.threads import ThreadBudget, concurrent_batches, configure_torch_threads  # noqa: E402
+from indexer.threads import apply_thread_budget  # noqa: E402
+from models.threads import ThreadBudget, concurrent_batches  # noqa: E402
 
 TARGET = Target(coverage=0.8)  # the clip-art demo's
 EACH_METRIC = calibration.each_metric
 
 
-def calibrate(version_dir: Path, demo_dir: Path, workers: int) -> tuple[float, bytes]:
-    """Seconds to calibrate a copy of `version_dir` with `workers` metrics at once (the query
-    encoding as shipped, concurrent_batches chunks at once), and the calibration.json it
-    wrote."""
+def calibrate(version_dir: Path, demo_dir: Path, threads: int, workers: int) -> tuple[float, bytes]:
+    """Seconds to calibrate a copy of `version_dir` on pools of `threads` (torch, FAISS, ONNX
+    Runtime) with `workers` metrics at once (the query encoding as shipped,
+    concurrent_batches chunks at once), and the calibration.json it wrote."""
+    apply_thread_budget(ThreadBudget(threads))
     calibration.each_metric = lambda calibrated, metrics, _: EACH_METRIC(
         calibrated, metrics, workers
     )
@@ -46,7 +49,7 @@ def calibrate(version_dir: Path, demo_dir: Path, workers: int) -> tuple[float, b
         shutil.copytree(version_dir, copy)
         job = CalibrationJob(
             version_dir=copy, model_dir=demo_dir / "model", data_dir=demo_dir / "data",
-            target=TARGET, mc_samples=16, threads=ThreadBudget(1), device="cpu",
+            target=TARGET, mc_samples=16, threads=ThreadBudget(threads), device="cpu",
         )  # fmt: skip
         start = time.perf_counter()
         run_calibration(job)
@@ -62,35 +65,33 @@ def main() -> None:
     )
     args = parser.parse_args()
     started, load = time.perf_counter(), os.getloadavg()
-    configure_torch_threads(ThreadBudget(1))
     registry = ActiveRegistry(args.demo_dir / "indexes", None)
     versions = {g: registry.version_path(g, registry.active_version(g)) for g in ("image", "text")}
-    settings = (1, concurrent_batches(ThreadBudget(1)))
-    seconds: dict[tuple[int, str], list[float]] = {}
-    written: dict[tuple[int, str], bytes] = {}
+    settings = ((2, 1), (1, 1), (1, concurrent_batches(ThreadBudget(1))))  # (threads, workers)
+    seconds: dict[tuple[tuple[int, int], str], list[float]] = {}
+    written: dict[tuple[tuple[int, int], str], bytes] = {}
     for round_ in range(args.rounds):
-        for workers in settings if round_ % 2 == 0 else settings[::-1]:
+        for setting in settings if round_ % 2 == 0 else settings[::-1]:
             for gallery, version_dir in versions.items():
-                took, written[workers, gallery] = calibrate(version_dir, args.demo_dir, workers)
-                seconds.setdefault((workers, gallery), []).append(took)
-                print(round_, workers, gallery, f"{took:.1f} s", flush=True)
-    identical = all(written[settings[0], g] == written[settings[1], g] for g in versions)
+                took, written[setting, gallery] = calibrate(version_dir, args.demo_dir, *setting)
+                seconds.setdefault((setting, gallery), []).append(took)
+                print(round_, setting, gallery, f"{took:.1f} s", flush=True)
+    identical = all(written[s, g] == written[settings[0], g] for s in settings for g in versions)
     title = "Calibration's metrics: one at a time against several at once"
     lines = [
         *result_header(title, load, started),
         "",
         f"`run_calibration` on copies of the active versions of `{args.demo_dir}` (the val "
-        "split, 16 MC draws, every metric the version serves), one-thread pools (the batch "
-        "budget on 2 cores), the query encoding included; seconds per round. calibration.json "
-        f"byte-identical between the settings: {identical}.",
+        "split, 16 MC draws, every metric the version serves), the query encoding included; "
+        f"seconds per round. calibration.json byte-identical between the layouts: {identical}.",
         "",
-        "| metrics at once | image gallery, caption queries (s) | text gallery, image queries (s) "
-        "|",
-        "| ---: | --- | --- |",
+        "| threads a pool | metrics at once | image gallery, caption queries (s) "
+        "| text gallery, image queries (s) |",
+        "| ---: | ---: | --- | --- |",
     ]
-    for workers in settings:
-        cells = [", ".join(f"{s:.1f}" for s in seconds[workers, g]) for g in versions]
-        lines.append(f"| {workers} | " + " | ".join(cells) + " |")
+    for setting in settings:
+        cells = [", ".join(f"{s:.1f}" for s in seconds[setting, g]) for g in versions]
+        lines.append(f"| {setting[0]} | {setting[1]} | " + " | ".join(cells) + " |")
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -23,6 +23,7 @@ from indexer.calibration import CalibrationJob, Target, run_calibration
 from indexer.calibration_inheritance import active_manifest
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
+from indexer.threads import apply_thread_budget
 from models.datasets.clipart import DATASET_NAME as CLIPART_NAME
 from models.datasets.clipart import LIBRARY, write_clipart
 from models.datasets.photos import write_photos
@@ -36,7 +37,7 @@ from models.datasets.records import (
 from models.datasets.shapes import generate_shapes
 from models.evaluation.evaluate import is_single_object
 from models.networks.model_config import ModelConfig, TrainConfig
-from models.threads import ThreadBudget
+from models.threads import ThreadBudget, available_cpus, thread_budget
 from models.training.train import train
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,25 @@ def _build_indexes(
 
 
 def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads) -> bool:
+    """Where the build's pools take every CPU, calibrates on the batch budget's instead (half
+    the CPUs a pool, concurrent_batches metrics and query chunks at once: the same CPUs, less
+    waiting; on 2 cores one-thread pools beat two-thread pools taking turns,
+    benchmarks/results/calibrate_metrics.md). The build's pools come back after; a budget the
+    user set (PROBSEARCH_THREADS) is kept."""
+    if threads is None or threads.intra_op != available_cpus():
+        _calibrate_galleries(paths, plan, done, say, threads)
+        return True
+    budget = apply_thread_budget(thread_budget("batch"))
+    try:
+        _calibrate_galleries(paths, plan, done, say, budget)
+    finally:
+        apply_thread_budget(threads)
+    return True
+
+
+def _calibrate_galleries(
+    paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: Threads
+) -> None:
     registry = ActiveRegistry(paths.index_root, None)
     for gallery, version in done["indexes"].items():
         say(
@@ -303,7 +323,6 @@ def _calibrate(paths: DemoPaths, plan: DemoPlan, done: dict, say: Say, threads: 
                 f"{100 * result.kept_precision:.0f}% (all: {100 * result.accuracy:.0f}%)"
                 f"{result.gate_note()}"
             )
-    return True
 
 
 BUILDERS = {
