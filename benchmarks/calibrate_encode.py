@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
-from result_header import result_header  # noqa: E402
+from result_header import result_header, rounds_cell, write_results  # noqa: E402
 
 from indexer.calibration import encode_queries  # noqa: E402
 from models.datasets.records import load_dataset  # noqa: E402
@@ -78,10 +78,9 @@ def main() -> None:
         "| ---: | --- | --- |",
     ]
     for workers in settings:
-        cells = [", ".join(f"{s:.1f}" for s in seconds[workers, kind]) for kind in queries]
+        cells = [rounds_cell(seconds[workers, kind]) for kind in queries]
         lines.append(f"| {workers} | " + " | ".join(cells) + " |")
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, lines)
 
 
 if __name__ == "__main__":

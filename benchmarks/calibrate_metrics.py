@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from result_header import result_header  # noqa: E402
+from result_header import result_header, rounds_cell, write_results  # noqa: E402
 
 import indexer.calibration as calibration  # noqa: E402
 from indexer.calibration import CalibrationJob, Target, run_calibration  # noqa: E402
@@ -90,10 +90,9 @@ def main() -> None:
         "| ---: | ---: | --- | --- |",
     ]
     for setting in settings:
-        cells = [", ".join(f"{s:.1f}" for s in seconds[setting, g]) for g in versions]
+        cells = [rounds_cell(seconds[setting, g]) for g in versions]
         lines.append(f"| {setting[0]} | {setting[1]} | " + " | ".join(cells) + " |")
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, lines)
 
 
 if __name__ == "__main__":

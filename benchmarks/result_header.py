@@ -1,5 +1,6 @@
-"""The first lines of a benchmark's results file: its title, then the command, the machine,
-the load average at start and end, and the wall time."""
+"""The first lines of a benchmark's results file (its title, then the command, the machine,
+the load average at start and end, and the wall time), a cell of per-round seconds, and the
+file's writing."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ def result_header(title: str, load_at_start: tuple[float, ...], started: float) 
         f"{fifteen:.2f}, at end {os.getloadavg()[0]:.2f}; wall time "
         f"{(time.perf_counter() - started) / 60:.1f} min.",
     ]
+
+
+def rounds_cell(seconds: list[float]) -> str:
+    """One table cell: the seconds of each round, in order."""
+    return ", ".join(f"{s:.1f}" for s in seconds)
+
+
+def write_results(out: Path, lines: list[str]) -> None:
+    """Write the results file and print it."""
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
