@@ -63,7 +63,7 @@ from models.networks.model_config import ModelConfig, model_fingerprint
 from models.onnx import ENCODE_BATCH
 from models.scoring.item_familiarity import ItemGate
 from models.scoring.uncertainty import log_det
-from models.threads import ThreadBudget
+from models.threads import ThreadBudget, concurrent_batches, thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,14 @@ def embed_source(job: ReindexJob, source: GallerySource, work_dir: Path) -> Embe
         )
     from models.onnx.encoder_runtime import OnnxEncoder
 
-    encoder = OnnxEncoder(job.model_dir, job.modality, job.device, job.batch_size, job.threads)
+    # Each call gets `workers` batches, which the encoder runs at once, one per pool: on 2
+    # cores with the batch budget's one thread, one batch at a time left a core idle
+    # (benchmarks/results/reindex_workers.md).
+    threads = job.threads or thread_budget("batch")
+    workers = concurrent_batches(threads)
+    encoder = OnnxEncoder(
+        job.model_dir, job.modality, job.device, job.batch_size, threads, workers=workers
+    )
     return embed_gallery(
         source.items(),
         encoder,
@@ -271,7 +278,7 @@ def embed_source(job: ReindexJob, source: GallerySource, work_dir: Path) -> Embe
         work_dir,
         total=source.count,
         chunk_items=job.chunk_items,
-        batch_size=job.batch_size,
+        batch_size=job.batch_size * workers,
         max_caption_chars=job.max_caption_chars,
         progress=job.progress,
     )

@@ -19,7 +19,7 @@ Two roles, two rules:
   nothing (batches only take turns on a busy core, where one batch's threads wait for each
   other): training's backbone features, one batch per CPU at once on one thread each, and
   calibrate's held-out queries, concurrent_batches chunks at once, then its metrics,
-  concurrent_batches at once.
+  concurrent_batches at once; a local reindex, concurrent_batches batches at once.
 - serve: requests overlap, and the event loop, the micro-batchers' worker threads and the
   image decoders need CPU beside the numeric pools, whose per-request work (one query, tens
   of microseconds of arithmetic) gains nothing from splitting it across threads. Each pool
@@ -91,7 +91,8 @@ def concurrent_batches(threads: ThreadBudget, workers: int = 1) -> int:
     (models.training.feature_splits), and calibration its held-out queries that many chunks at
     once (benchmarks/results/calibrate_encode.md: 1.6x on 2 cores, the same embeddings) and
     then that many metrics at once (benchmarks/results/calibrate_metrics.md: about 1.4x on 2
-    cores, calibration.json byte-identical)."""
+    cores, calibration.json byte-identical); a local reindex embeds that many batches at once
+    (benchmarks/results/reindex_workers.md: about 1.5x on 2 cores)."""
     return max(1, available_cpus() // (max(1, workers) * threads.intra_op))
 
 

@@ -1,0 +1,95 @@
+"""Items a second that a local reindex embeds (indexer.embed.embed_gallery with OnnxEncoder,
+as indexer.publish calls them) on a demo build's model and data, with the batch budget's
+one-thread pools: one batch a call against `concurrent_batches` batches a call, which the
+encoder runs at once; and how far the embeddings of the two differ. Writes a Markdown table to
+--out.
+
+    python benchmarks/reindex_workers.py --demo-dir .cache/demo
+
+The two settings alternate within each round, in one process, so a drift of the shared
+machine reaches both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+from result_header import result_header, write_results  # noqa: E402
+
+from indexer.embed import embed_gallery, load_chunk  # noqa: E402
+from indexer.sources import open_source  # noqa: E402
+from indexer.threads import apply_thread_budget  # noqa: E402
+from models.onnx import ENCODE_BATCH  # noqa: E402
+from models.onnx.encoder_runtime import OnnxEncoder  # noqa: E402
+from models.threads import ThreadBudget, concurrent_batches  # noqa: E402
+
+
+def embed(demo_dir: Path, modality: str, count: int, workers: int) -> tuple[float, np.ndarray]:
+    """Items a second over the first `count` items of the demo's data, and their mu."""
+    threads = ThreadBudget(1)
+    encoder = OnnxEncoder(
+        demo_dir / "model", modality, "cpu", ENCODE_BATCH, threads, workers=workers
+    )
+    items = itertools.islice(open_source(demo_dir / "data", modality).items(), count)
+    with tempfile.TemporaryDirectory() as work_dir:
+        start = time.perf_counter()
+        summary = embed_gallery(
+            items, encoder, modality, Path(work_dir), total=count,
+            batch_size=ENCODE_BATCH * workers, progress=False,
+        )  # fmt: skip
+        took = time.perf_counter() - start
+        mu = np.concatenate([load_chunk(path).mu for path in summary.chunk_paths])
+    return summary.kept / took, mu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--demo-dir", type=Path, required=True)
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--captions", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/reindex_workers.md")
+    args = parser.parse_args()
+    started, load = time.perf_counter(), os.getloadavg()
+    apply_thread_budget(ThreadBudget(1))
+    counts = {"image": args.images, "text": args.captions}
+    settings = (1, concurrent_batches(ThreadBudget(1)))
+    rates: dict[tuple[int, str], list[float]] = {}
+    mus: dict[tuple[int, str], np.ndarray] = {}
+    for round_ in range(args.rounds):
+        for workers in settings if round_ % 2 == 0 else settings[::-1]:
+            for modality, count in counts.items():
+                rate, mus[workers, modality] = embed(args.demo_dir, modality, count, workers)
+                rates.setdefault((workers, modality), []).append(rate)
+                print(round_, workers, modality, f"{rate:.1f} items/s", flush=True)
+    worst = max(float(np.abs(mus[settings[0], m] - mus[settings[1], m]).max()) for m in counts)
+    lines = [
+        *result_header("Local reindex: one batch a call against batches at once", load, started),
+        "",
+        f"The first {args.images} drawings and {args.captions} captions of `{args.demo_dir}`'s "
+        f"data through embed_gallery and OnnxEncoder (batches of {ENCODE_BATCH}, one-thread "
+        f"pools, no MC draws); items a second per round. Largest |difference| of mu between "
+        f"the settings: {worst:.1e}.",
+        "",
+        "| batches at once | drawings a second | captions a second |",
+        "| ---: | --- | --- |",
+    ]
+    for workers in settings:
+        cells = [", ".join(f"{r:.1f}" for r in rates[workers, m]) for m in counts]
+        lines.append(f"| {workers} | " + " | ".join(cells) + " |")
+    write_results(args.out, lines)
+
+
+if __name__ == "__main__":
+    main()
