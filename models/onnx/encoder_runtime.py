@@ -106,10 +106,13 @@ class OnnxEncoder:
     spawned. The same inputs, L and seed give the same draws. A model trained without dropout
     has no randomness to draw: its L draws are the deterministic embedding repeated, without
     running the graph L more times (`Embeddings.identical_draws`). Inputs are encoded in chunks of
-    `batch_size`. `threads` sizes ONNX Runtime's pools (default: the batch role's budget for the
-    CPUs of this process, models.threads; a command passes the budget its settings give);
-    `workers` chunks run at once, each in a thread of its own (a batch job that encodes a whole
-    split; a served batch is one chunk). The chunks are the same whatever the count.
+    at most `batch_size`: images every `batch_size`, captions sorted by length and cut where
+    padding them to one length costs more than another call (`chunk_bounds`). `threads` sizes
+    ONNX Runtime's pools (default: the batch role's budget for the CPUs of this process,
+    models.threads; a command passes the budget its settings give); `workers` chunks run at
+    once, each in a thread of its own (a batch job; the service's encoders have one worker,
+    so a served batch's chunks run one after another in its thread). The chunks are the same
+    whatever the count.
 
     A model on pretrained backbones runs its whole path (backbone, then heads) from images or
     captions, tokenised with its tokenizer.json; with `heads_only` it runs the heads alone on
