@@ -22,7 +22,12 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
-from result_header import result_header, rounds_cell, write_results  # noqa: E402
+from result_header import (  # noqa: E402
+    alternated_rounds,
+    result_header,
+    settings_rows,
+    write_results,
+)
 
 from indexer.calibration import encode_queries  # noqa: E402
 from models.datasets.records import load_dataset  # noqa: E402
@@ -56,15 +61,13 @@ def main() -> None:
         for w in settings
         for kind in queries
     }
-    seconds: dict[tuple[int, str], list[float]] = {}
-    outputs: dict[tuple[int, str], Embeddings] = {}
-    for round_ in range(args.rounds):
-        for workers in settings if round_ % 2 == 0 else settings[::-1]:
-            for kind, items in queries.items():
-                start = time.perf_counter()
-                outputs[workers, kind] = encode_queries(encoders[workers, kind], items, 16, 0)
-                seconds.setdefault((workers, kind), []).append(time.perf_counter() - start)
-                print(round_, workers, kind, f"{seconds[workers, kind][-1]:.1f} s", flush=True)
+
+    def encoded(workers: int, kind: str) -> tuple[float, Embeddings]:
+        start = time.perf_counter()
+        out = encode_queries(encoders[workers, kind], queries[kind], 16, 0)
+        return time.perf_counter() - start, out
+
+    seconds, outputs = alternated_rounds(args.rounds, settings, list(queries), encoded)
     identical = all(same(outputs[settings[0], k], outputs[settings[1], k]) for k in queries)
     title = "Calibration's query encoding: one chunk at a time against chunks at once"
     lines = [
@@ -77,9 +80,7 @@ def main() -> None:
         "| chunks at once | val images (s) | val captions (s) |",
         "| ---: | --- | --- |",
     ]
-    for workers in settings:
-        cells = [rounds_cell(seconds[workers, kind]) for kind in queries]
-        lines.append(f"| {workers} | " + " | ".join(cells) + " |")
+    lines += settings_rows(settings, list(queries), seconds)
     write_results(args.out, lines)
 
 

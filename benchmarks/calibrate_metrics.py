@@ -24,7 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from result_header import result_header, rounds_cell, write_results  # noqa: E402
+from result_header import (  # noqa: E402
+    alternated_rounds,
+    result_header,
+    settings_rows,
+    write_results,
+)
 
 import indexer.calibration as calibration  # noqa: E402
 from indexer.calibration import CalibrationJob, Target, run_calibration  # noqa: E402
@@ -68,14 +73,10 @@ def main() -> None:
     registry = ActiveRegistry(args.demo_dir / "indexes", None)
     versions = {g: registry.version_path(g, registry.active_version(g)) for g in ("image", "text")}
     settings = ((2, 1), (1, 1), (1, concurrent_batches(ThreadBudget(1))))  # (threads, workers)
-    seconds: dict[tuple[tuple[int, int], str], list[float]] = {}
-    written: dict[tuple[tuple[int, int], str], bytes] = {}
-    for round_ in range(args.rounds):
-        for setting in settings if round_ % 2 == 0 else settings[::-1]:
-            for gallery, version_dir in versions.items():
-                took, written[setting, gallery] = calibrate(version_dir, args.demo_dir, *setting)
-                seconds.setdefault((setting, gallery), []).append(took)
-                print(round_, setting, gallery, f"{took:.1f} s", flush=True)
+    seconds, written = alternated_rounds(
+        args.rounds, settings, list(versions),
+        lambda setting, gallery: calibrate(versions[gallery], args.demo_dir, *setting),
+    )  # fmt: skip
     identical = all(written[s, g] == written[settings[0], g] for s in settings for g in versions)
     title = "Calibration's metrics: one at a time against several at once"
     lines = [
@@ -89,9 +90,7 @@ def main() -> None:
         "| text gallery, image queries (s) |",
         "| ---: | ---: | --- | --- |",
     ]
-    for setting in settings:
-        cells = [rounds_cell(seconds[setting, g]) for g in versions]
-        lines.append(f"| {setting[0]} | {setting[1]} | " + " | ".join(cells) + " |")
+    lines += settings_rows(settings, list(versions), seconds, lambda s: f"{s[0]} | {s[1]}")
     write_results(args.out, lines)
 
 

@@ -25,7 +25,12 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
-from result_header import result_header, write_results  # noqa: E402
+from result_header import (  # noqa: E402
+    alternated_rounds,
+    result_header,
+    settings_rows,
+    write_results,
+)
 
 from indexer.embed import embed_gallery, load_chunk  # noqa: E402
 from indexer.sources import open_source  # noqa: E402
@@ -65,14 +70,10 @@ def main() -> None:
     apply_thread_budget(ThreadBudget(1))
     counts = {"image": args.images, "text": args.captions}
     settings = (1, concurrent_batches(ThreadBudget(1)))
-    rates: dict[tuple[int, str], list[float]] = {}
-    mus: dict[tuple[int, str], np.ndarray] = {}
-    for round_ in range(args.rounds):
-        for workers in settings if round_ % 2 == 0 else settings[::-1]:
-            for modality, count in counts.items():
-                rate, mus[workers, modality] = embed(args.demo_dir, modality, count, workers)
-                rates.setdefault((workers, modality), []).append(rate)
-                print(round_, workers, modality, f"{rate:.1f} items/s", flush=True)
+    rates, mus = alternated_rounds(
+        args.rounds, settings, list(counts),
+        lambda workers, modality: embed(args.demo_dir, modality, counts[modality], workers),
+    )  # fmt: skip
     worst = max(float(np.abs(mus[settings[0], m] - mus[settings[1], m]).max()) for m in counts)
     lines = [
         *result_header("Local reindex: one batch a call against batches at once", load, started),
@@ -85,9 +86,7 @@ def main() -> None:
         "| batches at once | drawings a second | captions a second |",
         "| ---: | --- | --- |",
     ]
-    for workers in settings:
-        cells = [", ".join(f"{r:.1f}" for r in rates[workers, m]) for m in counts]
-        lines.append(f"| {workers} | " + " | ".join(cells) + " |")
+    lines += settings_rows(settings, list(counts), rates)
     write_results(args.out, lines)
 
 

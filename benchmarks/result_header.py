@@ -1,6 +1,6 @@
-"""The first lines of a benchmark's results file (its title, then the command, the machine,
-the load average at start and end, and the wall time), a cell of per-round seconds, and the
-file's writing."""
+"""What the A/B benchmarks share: the first lines of a results file (its title, then the
+command, the machine, the load average at start and end, and the wall time), the settings run
+in alternated rounds, their table rows, and the file's writing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def result_header(title: str, load_at_start: tuple[float, ...], started: float) -> list[str]:
@@ -25,9 +27,40 @@ def result_header(title: str, load_at_start: tuple[float, ...], started: float) 
     ]
 
 
-def rounds_cell(seconds: list[float]) -> str:
-    """One table cell: the seconds of each round, in order."""
-    return ", ".join(f"{s:.1f}" for s in seconds)
+def alternated_rounds(
+    rounds: int,
+    settings: Sequence[Hashable],
+    kinds: Sequence[str],
+    run: Callable[[Any, str], tuple[float, Any]],
+) -> tuple[dict[tuple, list[float]], dict[tuple, Any]]:
+    """`run(setting, kind)` -> (figure, output) for every kind under every setting, `rounds`
+    times, the settings' order reversed every other round, so that a drift of the shared
+    machine reaches them alike. Returns (setting, kind) -> the figure of each round, and
+    (setting, kind) -> the last round's output."""
+    figures: dict[tuple, list[float]] = {}
+    outputs: dict[tuple, Any] = {}
+    for round_ in range(rounds):
+        for setting in settings if round_ % 2 == 0 else settings[::-1]:
+            for kind in kinds:
+                figure, outputs[setting, kind] = run(setting, kind)
+                figures.setdefault((setting, kind), []).append(figure)
+                print(round_, setting, kind, f"{figure:.1f}", flush=True)
+    return figures, outputs
+
+
+def settings_rows(
+    settings: Sequence[Hashable],
+    kinds: Sequence[str],
+    figures: dict[tuple, list[float]],
+    label: Callable[[Any], str] = str,
+) -> list[str]:
+    """One table row per setting: `label(setting)`, then per kind its figure of each round."""
+    return [
+        f"| {label(setting)} | "
+        + " | ".join(", ".join(f"{f:.1f}" for f in figures[setting, kind]) for kind in kinds)
+        + " |"
+        for setting in settings
+    ]
 
 
 def write_results(out: Path, lines: list[str]) -> None:
