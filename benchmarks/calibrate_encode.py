@@ -13,26 +13,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numpy as np  # noqa: E402
-from result_header import (  # noqa: E402
+import numpy as np
+from result_header import (
+    ROOT,
     alternated_rounds,
     result_header,
     settings_rows,
     write_results,
 )
 
-from indexer.calibration import encode_queries  # noqa: E402
-from models.datasets.records import load_dataset  # noqa: E402
-from models.onnx.encoder_runtime import Embeddings, OnnxEncoder  # noqa: E402
-from models.threads import ThreadBudget, concurrent_batches  # noqa: E402
+from indexer.calibration import encode_queries
+from models.datasets.records import load_dataset
+from models.onnx.encoder_runtime import Embeddings, OnnxEncoder
+from models.threads import ThreadBudget, concurrent_batches
 
 FIELDS = ("mu", "logvar", "mc_mu", "mc_logvar", "novelty")
 

@@ -15,27 +15,23 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from result_header import (  # noqa: E402
+from result_header import (
+    ROOT,
     alternated_rounds,
     result_header,
     settings_rows,
     write_results,
 )
 
-import indexer.calibration as calibration  # noqa: E402
-from indexer.calibration import CalibrationJob, Target, run_calibration  # noqa: E402
-from indexer.registry import ActiveRegistry  # noqa: E402
-from indexer.threads import apply_thread_budget  # noqa: E402
-from models.threads import ThreadBudget, concurrent_batches  # noqa: E402
+import indexer.calibration as calibration
+from indexer.calibration import CalibrationJob, Target, run_calibration
+from indexer.registry import ActiveRegistry
+from indexer.threads import apply_thread_budget
+from models.threads import ThreadBudget, concurrent_batches
 
 TARGET = Target(coverage=0.8)  # the clip-art demo's
 EACH_METRIC = calibration.each_metric

@@ -25,16 +25,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from result_header import ROOT, result_header
 
-import torch  # noqa: E402
-from result_header import result_header  # noqa: E402
+# isort: split
+# torch after result_header: its OpenMP reads OMP_WAIT_POLICY, which that import sets, on load.
+import torch
 
-from models.backbones.feature_cache import split_features  # noqa: E402
-from models.backbones.registry import load_backbone  # noqa: E402
-from models.datasets.records import PairedDataset, load_dataset  # noqa: E402
+from models.backbones.feature_cache import split_features
+from models.backbones.registry import load_backbone
+from models.datasets.records import PairedDataset, load_dataset
 
 LAYOUTS = ((1, 1), (1, 2), (2, 1))  # (threads per runner, batches at once)
 

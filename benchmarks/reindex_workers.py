@@ -15,29 +15,25 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numpy as np  # noqa: E402
-from result_header import (  # noqa: E402
+import numpy as np
+from result_header import (
+    ROOT,
     alternated_rounds,
     result_header,
     settings_rows,
     write_results,
 )
 
-from indexer.embed import embed_gallery, load_chunk  # noqa: E402
-from indexer.sources import open_source  # noqa: E402
-from indexer.threads import apply_thread_budget  # noqa: E402
-from models.onnx import ENCODE_BATCH  # noqa: E402
-from models.onnx.encoder_runtime import OnnxEncoder  # noqa: E402
-from models.threads import ThreadBudget, concurrent_batches  # noqa: E402
+from indexer.embed import embed_gallery, load_chunk
+from indexer.sources import open_source
+from indexer.threads import apply_thread_budget
+from models.onnx import ENCODE_BATCH
+from models.onnx.encoder_runtime import OnnxEncoder
+from models.threads import ThreadBudget, concurrent_batches
 
 
 def embed(demo_dir: Path, modality: str, count: int, workers: int) -> tuple[float, np.ndarray]:

@@ -1,6 +1,10 @@
 """What the A/B benchmarks share: the first lines of a results file (its title, then the
 command, the machine, the load average at start and end, and the wall time), the settings run
-in alternated rounds, their table rows, and the file's writing."""
+in alternated rounds, their table rows, and the file's writing.
+
+Imported before the project: it puts this checkout first on sys.path and keeps OpenMP's idle
+threads from spinning (OMP_WAIT_POLICY=PASSIVE) before torch or ONNX Runtime load, since the
+benchmarks share 2 cores with whatever else runs."""
 
 from __future__ import annotations
 
@@ -11,6 +15,11 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def result_header(title: str, load_at_start: tuple[float, ...], started: float) -> list[str]:

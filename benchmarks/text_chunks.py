@@ -17,21 +17,16 @@ import argparse
 import functools
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numpy as np
+from result_header import ROOT, result_header
 
-import numpy as np  # noqa: E402
-from result_header import result_header  # noqa: E402
-
-import models.onnx.encoder_runtime as runtime  # noqa: E402
-from models.datasets.records import load_dataset  # noqa: E402
-from models.onnx.encoder_runtime import CALL_COST_TOKENS, chunk_bounds  # noqa: E402
-from models.threads import ThreadBudget  # noqa: E402
+import models.onnx.encoder_runtime as runtime
+from models.datasets.records import load_dataset
+from models.onnx.encoder_runtime import CALL_COST_TOKENS, chunk_bounds
+from models.threads import ThreadBudget
 
 RULES = {
     "one call per batch (old)": functools.partial(chunk_bounds, call_cost=1e12),
