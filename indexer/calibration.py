@@ -27,10 +27,12 @@ whole rule reject.
 
 import json
 import math
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -185,10 +187,12 @@ def query_scores_by_candidate(
     temperatures: Sequence[float],
     shortlist: int,
     device: torch.device,
+    progress: Callable[[int], object] | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every (score, T) candidate's value per query, and plausible-P@1 correctness per query,
     computed as the service computes them: the version's shortlist, then
-    models.scoring.query_scores.score_shortlists, the service's own last stage.
+    models.scoring.query_scores.score_shortlists, the service's own last stage. `progress` is
+    told how many queries each block scored (else a progress bar of its own shows it).
 
     Returns:
         scores: candidate_name(score, T) -> (Q,) values.
@@ -199,7 +203,10 @@ def query_scores_by_candidate(
     values: dict[str, np.ndarray] = {}
     captions = version.manifest.modality == "image"  # an image gallery is searched by captions
     gallery = (version.mu, version.logvar)
-    bar = tqdm(total=len(candidates), desc=f"calibrate {metric}", unit="query")
+    bar = None
+    if progress is None:
+        bar = tqdm(total=len(candidates), desc=f"calibrate {metric}", unit="query")
+        progress = bar.update
     for start in range(0, len(candidates), RERANK_BLOCK):
         block = slice(start, start + RERANK_BLOCK)
         queries = _queries(embeddings, block)
@@ -212,8 +219,9 @@ def query_scores_by_candidate(
             for name, value in scored.values(temperature).items():
                 key = candidate_name(name, temperature)
                 values.setdefault(key, np.zeros(len(candidates)))[block] = value
-        bar.update(len(tops))
-    bar.close()
+        progress(len(tops))
+    if bar is not None:
+        bar.close()
     return values, correct
 
 
@@ -367,6 +375,25 @@ class CalibrationJob:
     threads: ThreadBudget | None = None  # the encoder's pools; None: the batch budget
 
 
+class SharedBar:
+    """One progress bar for the metrics that each_metric scores at once: tqdm draws one bar
+    per instance, and two bars written from two threads overwrite each other's line."""
+
+    def __init__(self, **bar: Any) -> None:
+        self._bar = tqdm(**bar)
+        self._lock = threading.Lock()  # tqdm's counter is a plain attribute
+
+    def update(self, count: int) -> None:
+        with self._lock:
+            self._bar.update(count)
+
+    def __enter__(self) -> "SharedBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+
+
 def each_metric(
     calibrated: Callable[[str], MetricCalibration], metrics: Sequence[str], workers: int
 ) -> list[MetricCalibration]:
@@ -413,20 +440,27 @@ def run_calibration(job: CalibrationJob) -> list[MetricCalibration]:
             outliers = encoder.encode_images(images, job.mc_samples, job.seed)
         judge = Judge(queries, dataset, gallery)
         device = compute_device(job.device)
+        per_metric = len(queries) + (0 if outliers is None else len(outliers.mu))
+        bar = SharedBar(
+            total=per_metric * len(metrics), unit="query",
+            desc=f"calibrate the {gallery} gallery ({', '.join(metrics)})",
+        )  # fmt: skip
 
         def calibrated(metric: str) -> MetricCalibration:
             scores, correct = query_scores_by_candidate(
-                version, metric, embeddings, judge, job.temperatures, job.shortlist, device
-            )
+                version, metric, embeddings, judge, job.temperatures, job.shortlist, device,
+                bar.update,
+            )  # fmt: skip
             outlier_scores = None
             if outliers is not None:
                 outlier_scores, _ = query_scores_by_candidate(
                     version, metric, outliers, lambda q, item: False, job.temperatures,
-                    job.shortlist, device,
+                    job.shortlist, device, bar.update,
                 )  # fmt: skip
             return summarise(metric, job.temperatures, scores, correct, job.target, outlier_scores)
 
-        results = each_metric(calibrated, metrics, concurrent_batches(threads))
+        with bar:
+            results = each_metric(calibrated, metrics, concurrent_batches(threads))
     finally:
         version.close()
     record(job.version_dir, results, job.data_dir, job.split, job.target, job.mc_samples)

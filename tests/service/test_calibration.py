@@ -31,6 +31,7 @@ from indexer.calibration import (
 from indexer.manifest import read_manifest, verify_checksums
 from indexer.registry import ActiveRegistry
 from indexer.version_writer import update_calibration
+from models.datasets.records import load_dataset
 from models.scoring.query_scores import SCORE_NAMES
 from models.threads import ThreadBudget
 from tests.service.conftest import (
@@ -332,3 +333,27 @@ def test_metrics_calibrated_at_once_write_what_one_at_a_time_writes(
         written[workers] = (version_dir / "calibration.json").read_bytes()
     assert len(read_manifest(version_dir).metrics) > 1
     assert written[1] == written[2]
+
+
+def test_metrics_calibrated_at_once_share_one_progress_bar(
+    artifacts: Artifacts, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Two metrics scored at once advance one bar to metrics x queries, instead of two bars
+    writing over each other's line."""
+    root = copy_index_root(artifacts, tmp_path / "indexes")
+    registry = ActiveRegistry(root, None)
+    version_dir = registry.version_path("image", registry.active_version("image"))
+    metrics = read_manifest(version_dir).metrics
+    run_calibration(
+        CalibrationJob(
+            version_dir=version_dir, model_dir=artifacts.model, data_dir=artifacts.shapes,
+            target=Target(coverage=0.6), mc_samples=4, threads=ThreadBudget(1),
+        )
+    )  # fmt: skip
+    queries = len(load_dataset(artifacts.shapes).split("val").captions)
+    err = capsys.readouterr().err
+    assert len(metrics) > 1
+    assert not any(f"calibrate {metric}:" in err for metric in metrics)
+    total = len(metrics) * queries
+    assert f"calibrate the image gallery ({', '.join(metrics)}): 100%" in err
+    assert f" {total}/{total} " in err
