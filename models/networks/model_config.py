@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 from models.distance.gaussian import METRICS as GAUSSIAN_METRICS
 
 ModelType = Literal["gcie", "gce", "gie", "vse", "pvse"]
+# How PCME's and PCME++'s match BCE weighs its pairs (models.objectives.match_probability).
+MATCH_WEIGHTINGS = ("balanced", "all_pairs")
 Covariance = Literal["ellipsoidal", "spherical-avgpool", "spherical-one-value"]
 
 MODEL_TYPES: tuple[str, ...] = ("gcie", "gce", "gie", "vse", "pvse")
@@ -512,6 +514,13 @@ class TrainConfig:
     uniformity_weight: Annotated[float, Option("weight of the uniformity loss on the means")] = 0.0
     match_samples: Annotated[int, Option("J of PCME's J x J sampled match probability")] = 7
     match_lr: float = 0.05  # Adam lr of the match probability's a and b (pcme, pcmepp)
+    # How the match BCE weighs its pairs (models.objectives.match_probability.pair_mean):
+    # balanced, the mean over the matching pairs plus the mean over the others (trained from
+    # scratch, the papers' weighting stayed at its trivial value: docs/results-pcme.md);
+    # all_pairs, the mean over every pair, as PCME++'s code.
+    match_weighting: Annotated[
+        str, Option("pcme, pcmepp: balanced | all_pairs (the mean over every pair, as the papers)")
+    ] = "balanced"
     pseudo_positive_weight: Annotated[
         float, Option("PCME++ weight of the pseudo-positive loss")
     ] = 0.1
@@ -634,6 +643,11 @@ class TrainConfig:
             raise ConfigError("synthetic outliers train with the hinge objective only")
         if self.match_samples < 1:
             raise ConfigError("match samples J must be >= 1")
+        if self.match_weighting not in MATCH_WEIGHTINGS:
+            raise ConfigError(
+                f"match weighting must be one of {', '.join(MATCH_WEIGHTINGS)}, got "
+                f"{self.match_weighting!r}"
+            )
         if not 0.0 <= self.mixed_sample_fraction <= 1.0:
             raise ConfigError(
                 f"mixed sample fraction must be in [0, 1], got {self.mixed_sample_fraction}"

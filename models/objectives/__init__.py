@@ -87,8 +87,9 @@ def batch_loss(
     caption = (batch.caption_mu, batch.caption_logvar)
     if train_config.objective == "pcme":
         loss = pcme_loss(
-            image, caption, batch.matches, *match, train_config.match_samples, generator
-        )
+            image, caption, batch.matches, *match, train_config.match_samples, generator,
+            train_config.match_weighting,
+        )  # fmt: skip
     elif train_config.objective == "pcmepp":
         loss = pcmepp_loss(
             image,
@@ -97,6 +98,7 @@ def batch_loss(
             batch.caption_image,
             *match,
             train_config.pseudo_positive_weight,
+            train_config.match_weighting,
         )
     else:
         similarity = similarity_matrix(
@@ -142,6 +144,7 @@ def batch_loss(
             batch.caption_image,
             *match,
             train_config.pseudo_positive_weight,
+            train_config.match_weighting,
         )
     if train_config.vib_beta > 0:
         if model_config.gaussian_images:

@@ -20,6 +20,8 @@ fine-tuned from pretrained backbones that works, but trained from scratch on sha
 in 32) it stayed at its trivial value (every p at the base rate, BCE 0.137 against 0.139):
 a, b and the per-item sum of variances, which shifts all of an item's logits at once, reached
 that value faster than the means learnt to tell the pairs apart (docs/results-pcme.md).
+`weighting="all_pairs"` (TrainConfig.match_weighting) takes PCME++'s mean over every pair
+instead, to compare with the papers.
 
 PCME++'s labels can also be soft (its mixed-sample augmentation and label smoothing,
 models.training.mixed_samples): a pair with label t in [0, 1] is a positive with weight t and
@@ -60,9 +62,19 @@ def balanced_mean(pair_loss: torch.Tensor, positive: torch.Tensor) -> torch.Tens
     return total
 
 
-def _pair_mean(positive_loss: torch.Tensor, negative_loss: torch.Tensor, positive: torch.Tensor):
-    """The balanced mean of the positive loss where `positive`, else the negative loss."""
-    return balanced_mean(torch.where(positive, positive_loss, negative_loss), positive)
+def pair_mean(pair_loss: torch.Tensor, positive: torch.Tensor, weighting: str) -> torch.Tensor:
+    """The loss of a batch from each pair's: `balanced_mean`, or the mean over every pair
+    ("all_pairs", PCME++'s code)."""
+    if weighting == "all_pairs":
+        return pair_loss.mean()
+    return balanced_mean(pair_loss, positive)
+
+
+def _pair_mean(
+    positive_loss: torch.Tensor, negative_loss: torch.Tensor, positive: torch.Tensor, weighting: str
+) -> torch.Tensor:
+    """pair_mean of the positive loss where `positive`, else the negative loss."""
+    return pair_mean(torch.where(positive, positive_loss, negative_loss), positive, weighting)
 
 
 def pcme_loss(
@@ -73,19 +85,20 @@ def pcme_loss(
     shift: torch.Tensor,
     num_samples: int,
     generator: torch.Generator | None,
+    weighting: str = "balanced",
 ) -> torch.Tensor:
     """PCME's soft contrastive loss of a batch: images (B, D) x captions (M, D).
 
     -ln p for the matching pairs (`matches`, (B, M) bool), -ln(1 - p) for the others, with p
     the J x J sampled match probability (J = num_samples; noise from `generator`); the mean
-    over the matching pairs plus the mean over the others.
+    over the matching pairs plus the mean over the others (`weighting`: pair_mean).
     """
     neg_log_p = pairwise_distance(
         "match_prob", *image, *caption,
         num_samples=num_samples, a=scale, b=shift, generator=generator,
     )  # fmt: skip  # (B, M)
     neg_log_p = neg_log_p.clamp_min(1e-6)
-    return _pair_mean(neg_log_p, -log1mexp(neg_log_p), matches)
+    return _pair_mean(neg_log_p, -log1mexp(neg_log_p), matches, weighting)
 
 
 def pcmepp_loss(
@@ -96,17 +109,19 @@ def pcmepp_loss(
     scale: torch.Tensor,
     shift: torch.Tensor,
     pseudo_positive_weight: float,
+    weighting: str = "balanced",
 ) -> torch.Tensor:
     """PCME++'s loss of a batch: BCE of sigmoid(-a * csd + b) against `matches`, plus
     `pseudo_positive_weight` x the same BCE with the pseudo-positives counted as matches; each
-    BCE the mean over its matching pairs plus the mean over the others.
+    BCE the mean over its matching pairs plus the mean over the others (`weighting`:
+    pair_mean).
 
     `matches` (B, M) is bool, or float soft labels in [0, 1] (mixed samples, label smoothing:
     models.training.mixed_samples), then the BCE is `soft_balanced_bce` and a pseudo-positive
     gets its row's largest label, as PCME++'s code gives it its row's ground-truth label."""
     csd = pairwise_distance("csd", *image, *caption)  # (B, M)
     logits = -scale * csd + shift
-    loss = _bce(logits, matches)
+    loss = _bce(logits, matches, weighting)
     if pseudo_positive_weight <= 0:
         return loss
     own = positive_mask(image[0].shape[0], caption_image)
@@ -115,18 +130,20 @@ def pcmepp_loss(
         relabelled = matches | pseudo
     else:
         relabelled = torch.where(pseudo, matches.amax(dim=1, keepdim=True), matches)
-    return loss + pseudo_positive_weight * _bce(logits, relabelled)
+    return loss + pseudo_positive_weight * _bce(logits, relabelled, weighting)
 
 
-def _bce(logits: torch.Tensor, matches: torch.Tensor) -> torch.Tensor:
-    """Balanced binary cross-entropy of match logits (B, M) against `matches` (B, M): bool,
-    or float soft labels (`soft_balanced_bce`)."""
+def _bce(logits: torch.Tensor, matches: torch.Tensor, weighting: str) -> torch.Tensor:
+    """Binary cross-entropy of match logits (B, M) against `matches` (B, M), bool or float
+    soft labels, weighted by `weighting` (balanced: `soft_balanced_bce` for soft labels)."""
     if matches.dtype != torch.bool:
+        if weighting == "all_pairs":
+            return F.binary_cross_entropy_with_logits(logits, matches)
         return soft_balanced_bce(logits, matches)
     per_pair = F.binary_cross_entropy_with_logits(
         logits, matches.to(logits.dtype), reduction="none"
     )
-    return balanced_mean(per_pair, matches)
+    return pair_mean(per_pair, matches, weighting)
 
 
 def soft_balanced_bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

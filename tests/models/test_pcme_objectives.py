@@ -9,6 +9,7 @@ import torch
 from torch.distributions import Normal
 
 from models.distance.gaussian import pairwise_distance
+from models.networks.model_config import ConfigError, TrainConfig
 from models.networks.probabilistic_model import INITIAL_MATCH_SCALE
 from models.objectives import INITIAL_MATCH_SHIFT
 from models.objectives.match_probability import balanced_mean, pcme_loss, pcmepp_loss
@@ -92,6 +93,48 @@ def test_balanced_mean_weighs_both_classes_alike() -> None:
     positive = torch.tensor([[True, False, False], [False, False, False]])
     assert balanced_mean(loss, positive).item() == pytest.approx(1.0 + (3 + 5 + 7 + 9 + 11) / 5)
     assert balanced_mean(loss, torch.zeros_like(positive)).item() == pytest.approx(6.0)
+
+
+def test_all_pairs_weighting_is_the_plain_mean_bce_of_every_pair() -> None:
+    """PCME++'s own weighting: torch's BCE-with-logits mean over every pair, of logits
+    -a * csd + b with csd written out here, for hard and for soft labels."""
+    image, caption, owner, matches = batch(30)
+    a, b = torch.tensor(2.0, dtype=torch.float64), torch.tensor(1.5, dtype=torch.float64)
+    csd = (
+        ((image[0][:, None] - caption[0][None]) ** 2).sum(-1)
+        + image[1].exp().sum(-1)[:, None]
+        + caption[1].exp().sum(-1)[None]
+    )
+    bce = torch.nn.BCEWithLogitsLoss()
+    for labels in (matches, 0.8 * matches.double() + 0.1):
+        got = pcmepp_loss(image, caption, labels, owner, a, b, 0.0, weighting="all_pairs")
+        torch.testing.assert_close(got, bce(-a * csd + b, labels.double()))
+    balanced = pcmepp_loss(image, caption, matches, owner, a, b, 0.0)
+    assert not torch.isclose(balanced, bce(-a * csd + b, matches.double()))
+
+
+def test_all_pairs_weighting_of_pcme_is_the_mean_over_every_pair() -> None:
+    image, caption, _, matches = batch(40)
+    a, b = torch.tensor(3.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)
+
+    def loss(weighting: str) -> torch.Tensor:
+        noise = torch.Generator().manual_seed(0)
+        return pcme_loss(image, caption, matches, a, b, 3, noise, weighting)
+
+    p = torch.exp(
+        -pairwise_distance(
+            "match_prob", *image, *caption, num_samples=3, a=a, b=b,
+            generator=torch.Generator().manual_seed(0),
+        )
+    )  # fmt: skip
+    per_pair = torch.where(matches, -torch.log(p), -torch.log1p(-p))
+    torch.testing.assert_close(loss("all_pairs"), per_pair.mean())
+    torch.testing.assert_close(loss("balanced"), balanced_mean(per_pair, matches))
+
+
+def test_an_unknown_match_weighting_is_refused() -> None:
+    with pytest.raises(ConfigError, match="match weighting must be one of balanced, all_pairs"):
+        TrainConfig(objective="pcmepp", match_weighting="sum")
 
 
 class SeparableModel(torch.nn.Module):
