@@ -150,6 +150,12 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
     Run("pcmepp", {"model_type": "gcie", "metric": "csd", "logvar_init": PCMEPP_LOGVAR_INIT,
                    **BACKBONES},
         {"objective": "pcmepp", "vib_beta": 1e-4, **HEADS_TRAINING}, "csd", ("w2",)),
+    # PCME++ weighing its pairs as its code does (the mean over every pair, not the balanced
+    # mean): the one point of the paper the balanced default departs from (issue 40)
+    Run("pcmepp-all-pairs", {"model_type": "gcie", "metric": "csd",
+                             "logvar_init": PCMEPP_LOGVAR_INIT, **BACKBONES},
+        {"objective": "pcmepp", "vib_beta": 1e-4, "match_weighting": "all_pairs",
+         **HEADS_TRAINING}, "csd", ("w2",), reference="pcmepp"),
     # PVSE on the backbones (issue 39): K residual heads of the pooled vector in place of
     # PIE-Net's attention (models.pvse.network.PvseFeatureHeads), vse's recipe
     Run("pvse-k2", {"model_type": "pvse", "num_embeds": 2, **BACKBONES}, HEADS_TRAINING,
