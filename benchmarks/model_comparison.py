@@ -718,9 +718,12 @@ def findings(runs: list[Run], stats: Stats) -> list[str]:
             f"- {run.name} ({run.metric}) against {BASELINE}:",
             *compare(run.name, BASELINE, stats),
         ]
+    by_name = {r.name: r for r in runs}
     for run in (r for r in runs if r.reference != BASELINE and r.reference in stats):
+        point = _point(by_name[run.reference])
+        kind = "the point model with its trunk" if point else "the run it varies"
         lines += [
-            f"- {run.name} ({run.metric}) against {run.reference}, the point model with its trunk:",
+            f"- {run.name} ({run.metric}) against {run.reference}, {kind}:",
             *compare(run.name, run.reference, stats),
         ]
     gaussian = best_gaussian(runs, stats)
