@@ -31,6 +31,7 @@ from models.threads import ThreadBudget, thread_budget
 logger = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
+CUDA_EXACT = (CUDA, {"use_tf32": "0"})
 CPU = "CPUExecutionProvider"
 # A graph call's fixed cost in padded tokens (chunk_bounds), chosen on the demo's train captions
 # (batches of 4 and 16 with 16 draws; of 2, 4, 8 and 16 tokens, 8 was fastest at 16 and none
@@ -64,8 +65,12 @@ class Embeddings:
     novelty: np.ndarray | None = None
 
 
-def choose_providers(device: str) -> list[str]:
-    """ORT providers for `device` ("auto", "cpu" or "cuda"); CUDA only when ORT lists it."""
+def choose_providers(device: str) -> list[str | tuple[str, dict[str, str]]]:
+    """ORT providers for `device` ("auto", "cpu" or "cuda"); CUDA only when ORT lists it.
+
+    CUDA runs without TF32: with ORT's default (TF32 on), an H100 moved drawings' embeddings
+    by up to 1.2e-2 relative and changed 2.7% of their nearest neighbours against the CPU;
+    without it, 1.6e-5 and none (benchmarks/results/gpu_encoder_check.md)."""
     import onnxruntime as ort
 
     available = ort.get_available_providers()
@@ -78,9 +83,9 @@ def choose_providers(device: str) -> list[str]:
                 f"CUDAExecutionProvider (available: {available}); "
                 "install onnxruntime-gpu or use device 'auto'/'cpu'"
             )
-        return [CUDA, CPU]
+        return [CUDA_EXACT, CPU]
     if device == "auto":
-        return [CUDA, CPU] if CUDA in available else [CPU]
+        return [CUDA_EXACT, CPU] if CUDA in available else [CPU]
     raise EncoderRuntimeError(f"unknown device {device!r}; choose auto, cpu or cuda")
 
 
