@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from indexer.registry import ActiveRegistry
 from models.command_line import (
     IndexRootOpt,
     ModelOpt,
@@ -143,9 +145,9 @@ def reindex(
         typer.echo(_FILE_ONLY)
 
 
-def _registry(index_root: Path | None, redis_url: str | None):
+def _registry(index_root: Path | None, redis_url: str | None) -> ActiveRegistry:
     from indexer.publish import milvus_backend
-    from indexer.registry import ActiveRegistry, default_redis_url
+    from indexer.registry import default_redis_url
 
     settings = settings_from({"index_root": index_root, "redis_url": redis_url})
     root = required(settings, "index_root", "--index-root")
@@ -154,14 +156,43 @@ def _registry(index_root: Path | None, redis_url: str | None):
     return ActiveRegistry(root, redis_url, aliases=aliases, namespace=settings.namespace)
 
 
-@index_app.command("list")
-def list_versions(
-    modality: ModalityOpt, index_root: IndexRootOpt = None, redis_url: RedisOpt = None
-) -> None:
+_REGISTRY_OPTIONS = [
+    inspect.Parameter(
+        "index_root", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=IndexRootOpt
+    ),
+    inspect.Parameter(
+        "redis_url", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RedisOpt
+    ),
+]
+
+
+def _registry_command(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register `body(registry, **options)` as `index <name>`: the command takes the body's
+    options plus --index-root and --redis-url (flag, else environment) and passes the body
+    the registry they name."""
+
+    def register(body: Callable[..., None]) -> Callable[..., None]:
+        options = list(inspect.signature(body, eval_str=True).parameters.values())[1:]
+
+        def command(
+            *, index_root: Path | None = None, redis_url: str | None = None, **kw: Any
+        ) -> None:
+            body(_registry(index_root, redis_url), **kw)
+
+        command.__name__, command.__doc__ = body.__name__, body.__doc__
+        command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in options] + _REGISTRY_OPTIONS
+        )
+        index_app.command(name)(command)
+        return body
+
+    return register
+
+
+@_registry_command("list")
+def list_versions(registry: ActiveRegistry, modality: ModalityOpt) -> None:
     """List published versions, oldest first; `*` marks the active one."""
     from indexer.manifest import read_manifest
-
-    registry = _registry(index_root, redis_url)
 
     def body() -> None:
         sides = registry.sides(modality)
@@ -196,41 +227,34 @@ def _stores_line(sides: Any, redis_url: str | None) -> str:
     )
 
 
-@index_app.command("activate")
+@_registry_command("activate")
 def activate_version(
+    registry: ActiveRegistry,
     modality: ModalityOpt,
     version: Annotated[str, typer.Argument(help="Version name (see `index list`).")],
-    index_root: IndexRootOpt = None,
-    redis_url: RedisOpt = None,
 ) -> None:
     """Make a published version active (Redis key, ACTIVE file, activation event)."""
-    registry = _registry(index_root, redis_url)
     record = _run(lambda: registry.activate(modality, version))
     typer.echo(f"activated {modality} version {version} (generation {record.generation})")
     if registry.redis_url is None:
         typer.echo(_FILE_ONLY)
 
 
-@index_app.command("rollback")
-def rollback(
-    modality: ModalityOpt, index_root: IndexRootOpt = None, redis_url: RedisOpt = None
-) -> None:
+@_registry_command("rollback")
+def rollback(registry: ActiveRegistry, modality: ModalityOpt) -> None:
     """Activate the newest version older than the active one."""
-    registry = _registry(index_root, redis_url)
     version = _run(lambda: registry.rollback(modality))
     typer.echo(f"rolled back: {modality} version {version} is active")
 
 
-@index_app.command("gc")
+@_registry_command("gc")
 def gc(
+    registry: ActiveRegistry,
     modality: ModalityOpt,
     keep: Annotated[int, typer.Option(min=1, help="Newest versions to keep.")] = 3,
-    index_root: IndexRootOpt = None,
-    redis_url: RedisOpt = None,
 ) -> None:
     """Delete old versions, keeping the newest --keep and always the active one, and what
     dead jobs left behind (their build dirs and pointer temp files)."""
-    registry = _registry(index_root, redis_url)
     removed = _run(lambda: registry.gc(modality, keep))
     typer.echo(f"removed {len(removed)} {modality} versions" + "".join(f"\n  {v}" for v in removed))
     from indexer.job_owner import remove_debris
@@ -240,13 +264,12 @@ def gc(
         typer.echo(f"removed what dead jobs left: {', '.join(debris)}")
 
 
-@index_app.command("add")
+@_registry_command("add")
 def add(
+    registry: ActiveRegistry,
     modality: ModalityOpt,
     source: Annotated[Path, typer.Option(help="Captions .jsonl, image folder or dataset dir.")],
     model: ModelOpt = None,
-    index_root: IndexRootOpt = None,
-    redis_url: RedisOpt = None,
     batch_size: BatchSizeOpt = ENCODE_BATCH,
 ) -> None:
     """Add the source's items to the active version without a rebuild (an id the gallery
@@ -255,7 +278,6 @@ def add(
     from indexer.threads import apply_thread_budget
     from models.onnx.encoder_runtime import OnnxEncoder
 
-    registry = _registry(index_root, redis_url)
     settings = settings_from({"model": model})
     threads = apply_thread_budget(thread_budget("batch", settings.threads))
     model_dir = required(settings, "model", "--model")
@@ -279,17 +301,15 @@ def add(
         )
 
 
-@index_app.command("delete")
+@_registry_command("delete")
 def delete(
+    registry: ActiveRegistry,
     modality: ModalityOpt,
     ids: Annotated[Path, typer.Option(help="Item ids, one a line (or JSON lines with an id).")],
-    index_root: IndexRootOpt = None,
-    redis_url: RedisOpt = None,
 ) -> None:
     """Delete items from the active version without a rebuild."""
     from indexer.live_writes import delete_items, read_ids
 
-    registry = _registry(index_root, redis_url)
     summary = _run(lambda: delete_items(registry, modality, read_ids(ids)))
     typer.echo(
         f"deleted {summary.written} items from {modality} version {summary.version}; the "
@@ -300,11 +320,10 @@ def delete(
         typer.echo(f"{len(summary.missing)} ids were not in the gallery: {shown}")
 
 
-@index_app.command("compact")
+@_registry_command("compact")
 def compact_gallery(
+    registry: ActiveRegistry,
     modality: ModalityOpt,
-    index_root: IndexRootOpt = None,
-    redis_url: RedisOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Fold the active version's added and deleted items into a new version (re-encoding
@@ -315,7 +334,6 @@ def compact_gallery(
     from indexer.build import default_memory_budget
     from indexer.compaction import compact
 
-    registry = _registry(index_root, redis_url)
     _setup_logging()
     result = _run(lambda: compact(registry, modality, default_memory_budget()))
     if as_json:
