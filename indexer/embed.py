@@ -7,11 +7,13 @@ dir; a rerun after a crash reuses every chunk whose source ids still match and e
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,8 +127,33 @@ def embed_gallery(
     batch_size: int = ENCODE_BATCH,
     max_caption_chars: int = MAX_CAPTION_CHARS,
     progress: bool = True,
+    decode_threads: int = 1,
 ) -> EmbedSummary:
-    """Embed every item into chunk files under `work_dir`, reusing matching finished chunks."""
+    """Embed every item into chunk files under `work_dir`, reusing matching finished chunks;
+    images are decoded `decode_threads` at a time."""
+    pool = ThreadPoolExecutor(decode_threads) if decode_threads > 1 else None
+    try:
+        return _embed_all(
+            items, encoder, modality, work_dir, total, chunk_items, batch_size,
+            max_caption_chars, progress, pool,
+        )  # fmt: skip
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _embed_all(
+    items: Iterable[GalleryItem],
+    encoder: Encoder,
+    modality: str,
+    work_dir: Path,
+    total: int | None,
+    chunk_items: int,
+    batch_size: int,
+    max_caption_chars: int,
+    progress: bool,
+    pool: Executor | None,
+) -> EmbedSummary:
     work_dir.mkdir(parents=True, exist_ok=True)
     seen: set[str] = set()
     paths: list[Path] = []
@@ -138,7 +165,7 @@ def embed_gallery(
         chunk = reusable_chunk(path, source_items)
         if chunk is None:
             chunk = embed_chunk(
-                source_items, encoder, modality, seen, batch_size, max_caption_chars
+                source_items, encoder, modality, seen, batch_size, max_caption_chars, pool
             )
             save_chunk(path, chunk)
         else:
@@ -182,8 +209,10 @@ def embed_chunk(
     seen: set[str],
     batch_size: int,
     max_caption_chars: int,
+    decode_pool: Executor | None = None,
 ) -> Chunk:
-    """Validate, load and embed one chunk's items in batches of `batch_size`."""
+    """Validate, load and embed one chunk's items in batches of `batch_size`, decoding a
+    batch's images in `decode_pool`'s threads when one is given."""
     dim = encoder.embed_dim
     mus, logvars, records, bad = [], [], [], []
     multi: list[np.ndarray] = []  # pvse: (n, K, D) per batch
@@ -191,12 +220,12 @@ def embed_chunk(
     chunk_ids: set[str] = set()
     for batch in batched(source_items, batch_size):
         inputs, batch_records = [], []
-        for item in batch:
+        for item, load in zip(batch, _loads(batch, modality, decode_pool), strict=True):
             duplicate = item.id in seen or item.id in chunk_ids
             problem = _screen(item, duplicate, max_caption_chars)
             loaded = None
             if problem is None:
-                loaded, problem = _load(item, modality)
+                loaded, problem = load()
             if problem is not None:
                 bad.append(problem)
                 continue
@@ -244,6 +273,20 @@ def _screen(item: GalleryItem, duplicate: bool, max_caption_chars: int) -> BadIt
                 f"{len(item.text)} characters; the limit is {max_caption_chars}",
             )
     return None
+
+
+def _loads(
+    batch: list[GalleryItem], modality: str, pool: Executor | None
+) -> list[Callable[[], tuple[Any, BadItem | None]]]:
+    """Each item's _load, to call in order: decoded at once in `pool` for images with a file
+    (PIL and zlib let go of the GIL while they decode), else when called."""
+    if pool is None or modality != "image":
+        return [functools.partial(_load, item, modality) for item in batch]
+    futures = [pool.submit(_load, item, modality) if item.path else None for item in batch]
+    return [
+        future.result if future else functools.partial(_load, item, modality)
+        for item, future in zip(batch, futures, strict=True)
+    ]
 
 
 def _load(item: GalleryItem, modality: str) -> tuple[Any, BadItem | None]:

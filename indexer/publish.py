@@ -281,6 +281,7 @@ def embed_source(job: ReindexJob, source: GallerySource, work_dir: Path) -> Embe
         batch_size=job.batch_size * workers,
         max_caption_chars=job.max_caption_chars,
         progress=job.progress,
+        decode_threads=workers * threads.intra_op,
     )
 
 
