@@ -277,9 +277,10 @@ def test_mc_draws_do_not_depend_on_the_micro_batch(artifacts: Artifacts) -> None
     from tests.service.conftest import make_settings
 
     # Inline queries are batches of one, and a second batch in flight takes what the first
-    # leaves; this test needs batches of several.
+    # leaves; this test needs batches of several. A batch waits up to a second for the others:
+    # with 200 ms, all four once arrived alone while the other test worker loaded both cores.
     settings = make_settings(
-        artifacts, cache_ttl_s=0, batch_max_wait_ms=200.0, batch_inline_when_alone=False,
+        artifacts, cache_ttl_s=0, batch_max_wait_ms=1000.0, batch_inline_when_alone=False,
         batch_concurrency=1,
     )  # fmt: skip
     texts = ["two yellow stars", "a red circle", "a blue box above a green ball", "shapes"]
