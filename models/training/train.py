@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +39,7 @@ from models.networks.probabilistic_model import (
     save_checkpoint,
 )
 from models.networks.tokenizer import PAD, UNK, Tokenizer
-from models.objectives import INITIAL_MATCH_SHIFT, BatchEmbeddings, batch_loss
+from models.objectives import INITIAL_MATCH, BatchEmbeddings, batch_loss
 from models.objectives.hinge import similarity_matrix
 from models.objectives.labels import ImageProbes
 from models.onnx.export import export_encoders
@@ -363,6 +364,15 @@ def _step(
     return loss.item()
 
 
+def start_match(model: ProbabilisticModel, objective: str) -> None:
+    """Set the match logit's a and b to where `objective` starts them (INITIAL_MATCH)."""
+    if objective in INITIAL_MATCH:
+        scale, shift = INITIAL_MATCH[objective]
+        with torch.no_grad():
+            model.match_log_scale.fill_(math.log(scale))
+            model.match_shift.fill_(shift)
+
+
 @dataclass
 class TrainResult:
     """What a run produced: the model dir, the best epoch's recalls and every epoch's report."""
@@ -602,9 +612,7 @@ def train(
         stack.enter_context(_threads_for_heads(model_config))
         device = pick_device()
         model = build_model(model_config).to(device)
-        if train_config.objective in INITIAL_MATCH_SHIFT:  # a resumed run loads its own below
-            with torch.no_grad():
-                model.match_shift.fill_(INITIAL_MATCH_SHIFT[train_config.objective])
+        start_match(model, train_config.objective)  # a resumed run loads its own below
         _fit_novelty(model, train_split, train_config.seed, out_dir)
         _fit_variance_inputs(model, train_split)
         probes = _image_probes(model_config, train_config, train_split)

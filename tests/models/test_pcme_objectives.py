@@ -9,10 +9,11 @@ import torch
 from torch.distributions import Normal
 
 from models.distance.gaussian import pairwise_distance
-from models.networks.model_config import ConfigError, TrainConfig
-from models.networks.probabilistic_model import INITIAL_MATCH_SCALE
-from models.objectives import INITIAL_MATCH_SHIFT
+from models.networks.model_config import ConfigError, ModelConfig, TrainConfig
+from models.networks.probabilistic_model import build_model
+from models.objectives import INITIAL_MATCH
 from models.objectives.match_probability import balanced_mean, pcme_loss, pcmepp_loss
+from models.training.train import start_match
 
 TRIVIAL_BALANCED_BCE = 2 * math.log(2)  # one constant p for every pair: p = 1/2 is best
 
@@ -199,5 +200,16 @@ def test_loss_falls_well_below_its_trivial_value_on_a_separable_problem(objectiv
 def test_pcme_starts_unrelated_unit_means_at_even_odds() -> None:
     """PCME's initial b puts two unrelated unit means (sqrt 2 apart) at p = 1/2 under the
     default a, the balanced loss's best constant probability."""
-    logit = -INITIAL_MATCH_SCALE * math.sqrt(2) + INITIAL_MATCH_SHIFT["pcme"]
+    scale, shift = INITIAL_MATCH["pcme"]
+    logit = -scale * math.sqrt(2) + shift
     assert abs(torch.sigmoid(torch.tensor(logit)).item() - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("objective", ["pcme", "pcmepp", "infonce"])
+def test_training_starts_the_match_logit_where_the_objective_does(objective: str) -> None:
+    model = build_model(ModelConfig(model_type="gcie", metric="csd", vocab_size=20))
+    default = (model.match_scale.item(), model.match_shift.item())
+    start_match(model, objective)
+    scale, shift = INITIAL_MATCH.get(objective, default)
+    assert model.match_scale.item() == pytest.approx(scale)
+    assert model.match_shift.item() == pytest.approx(shift)
