@@ -25,7 +25,12 @@ from torch import nn
 from models.networks.backbone_tokenizer import caption_tokens, load_tokenizer
 from models.networks.model_config import OPSET
 from models.networks.preprocess import backbone_pixels
-from models.onnx.encoder_runtime import choose_providers, pixel_dtype, session_options
+from models.onnx.encoder_runtime import (
+    EncoderRuntimeError,
+    open_session,
+    pixel_dtype,
+    session_options,
+)
 from models.threads import ThreadBudget
 
 # |ORT - torch| / (1 + |torch|): EfficientNet's features reach 40 or more (a black image), where
@@ -77,16 +82,13 @@ class OnnxBackbone:
         device: str = "auto",
         threads: ThreadBudget | None = None,
     ) -> None:
-        import onnxruntime as ort
 
         if not Path(path).is_file():
             raise BackboneGraphError(f"no ONNX file at {path}")
         try:
-            self.session = ort.InferenceSession(
-                str(path),
-                session_options(threads or ThreadBudget(1)),
-                providers=choose_providers(device),
-            )
+            self.session = open_session(path, session_options(threads or ThreadBudget(1)), device)
+        except EncoderRuntimeError:
+            raise
         except Exception as error:  # ORT raises its own types for unreadable graphs
             raise BackboneGraphError(f"{path} is not a readable ONNX graph: {error}") from error
         inputs = self.session.get_inputs()

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from PIL import Image
@@ -27,6 +27,9 @@ from models.networks.preprocess import backbone_pixels, images_to_array
 from models.networks.tokenizer import Tokenizer
 from models.onnx import ENCODE_BATCH
 from models.threads import ThreadBudget, thread_budget
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,28 @@ class Embeddings:
     # Image encoders of a model on pretrained backbones: each image's novelty (N,)
     # (models.networks.feature_novelty); None for other encoders.
     novelty: np.ndarray | None = None
+
+
+def open_session(path: Path, options: ort.SessionOptions, device: str) -> ort.InferenceSession:
+    """An ONNX Runtime session of the graph at `path` on `device` (choose_providers).
+
+    ONNX Runtime falls back to the CPU when it lists the CUDA provider but cannot load it (its
+    CUDA or cuDNN libraries are missing, or are of another CUDA major than the build's): that
+    is an error for device "cuda" and a warning for "auto", never silent."""
+    import onnxruntime as ort
+
+    providers = choose_providers(device)
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    if providers[0] != CPU and session.get_providers()[0] != CUDA:
+        problem = (
+            f"ONNX Runtime lists {CUDA} but could not start it for {Path(path).name} (are the CUDA "
+            f"and cuDNN libraries this onnxruntime-gpu {ort.__version__} was built for "
+            "installed?)"
+        )
+        if device == "cuda":
+            raise EncoderRuntimeError(problem)
+        logger.warning("%s; running it on the CPU", problem)
+    return session
 
 
 def choose_providers(device: str) -> list[str | tuple[str, dict[str, str]]]:
@@ -134,7 +159,6 @@ class OnnxEncoder:
         heads_only: bool = False,
         workers: int = 1,
     ) -> None:
-        import onnxruntime as ort
 
         if modality not in ("image", "text"):
             raise EncoderRuntimeError(f"unknown modality {modality!r}; choose image or text")
@@ -156,9 +180,7 @@ class OnnxEncoder:
             raise EncoderRuntimeError(f"{path} not found: run `probsearch export {model_dir}`")
         self.tokenizer = self._tokenizer() if modality == "text" and not heads_only else None
         self.threads = threads or thread_budget("batch")
-        self.session = ort.InferenceSession(
-            str(path), session_options(self.threads), providers=choose_providers(device)
-        )
+        self.session = open_session(path, session_options(self.threads), device)
         self.provider: str = self.session.get_providers()[0]
         names = {o.name for o in self.session.get_outputs()}
         self._outputs = ["mu", "logvar"] + [n for n in ("embeddings", "novelty") if n in names]

@@ -196,6 +196,25 @@ def test_wrong_modality_device_and_mc_count_are_refused(
         OnnxEncoder(tiny_model_dir, "audio")  # type: ignore[arg-type]
 
 
+def test_a_cuda_provider_that_does_not_start_is_never_silent(
+    tiny_model_dir, monkeypatch, caplog
+) -> None:
+    """ORT lists CUDA (as onnxruntime-gpu of another CUDA major would) but runs the session on
+    the CPU, as this machine's ORT does for a provider it lacks: auto warns, cuda refuses."""
+    import onnxruntime
+
+    cuda = "CUDAExecutionProvider"
+    monkeypatch.setattr(
+        onnxruntime, "get_available_providers", lambda: [cuda, "CPUExecutionProvider"]
+    )
+    with caplog.at_level("WARNING", logger="models.onnx.encoder_runtime"):
+        encoder = OnnxEncoder(tiny_model_dir, "text", device="auto")
+    assert encoder.provider == "CPUExecutionProvider"
+    assert f"lists {cuda} but could not start it" in caplog.text
+    with pytest.raises(EncoderRuntimeError, match="could not start it"):
+        OnnxEncoder(tiny_model_dir, "text", device="cuda")
+
+
 def test_per_item_seeds_make_draws_independent_of_the_batch(text_encoder, image_encoder, images):
     """With one seed per item, an item's MC draws are the same alone or in any batch."""
     texts = ["a red circle", "two small blue squares left of a big green triangle", "shapes"]
