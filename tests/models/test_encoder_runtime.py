@@ -196,6 +196,7 @@ def test_wrong_modality_device_and_mc_count_are_refused(
         OnnxEncoder(tiny_model_dir, "audio")  # type: ignore[arg-type]
 
 
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
 def test_a_cuda_provider_that_does_not_start_is_never_silent(
     tiny_model_dir, monkeypatch, caplog
 ) -> None:
