@@ -87,7 +87,12 @@ def reindex(
     ray_workers: Annotated[
         int | None, typer.Option(min=1, help="Encoder actors; default: one per GPU or CPU.")
     ] = None,
-    ray_threads: Annotated[int, typer.Option(min=1, help="ONNX threads per CPU actor.")] = 1,
+    ray_threads: Annotated[
+        int,
+        typer.Option(
+            min=1, help="CPUs per encoder actor: its ONNX threads on CPU, its image decoding."
+        ),
+    ] = 1,
 ) -> None:
     """Embed a gallery and publish a new index version (optionally activating it)."""
     from indexer.publish import ReindexJob, run_reindex

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,9 +58,11 @@ class RayOptions:
     address: an existing cluster ("auto", "ray://head:10001", "head:6379"); None starts a
         local Ray runtime for the command and stops it afterwards.
     workers: encoder actors; default one per GPU of the cluster, else one per `threads` CPUs.
-    threads: ONNX Runtime intra-op threads of a CPU actor, which also reserves that many CPUs,
-        so actors x threads never oversubscribe a node (default 1: one single-threaded encoder
-        per CPU). GPU actors reserve one GPU and one CPU.
+    threads: CPUs each actor reserves, so actors x threads never oversubscribe a node: a CPU
+        actor's ONNX Runtime intra-op threads, and any actor's image-decoding threads (default
+        1: one single-threaded encoder per CPU). A GPU actor also reserves one GPU; its CPUs
+        decode the images its encoder then runs on the GPU, which one decoding thread holds
+        to about half of what an H100 embeds (benchmarks/results/gpu_encoder_check.md).
     """
 
     address: str | None = None
@@ -120,7 +123,7 @@ def plan_pool(
     than chunks to embed."""
     gpus = int(resources.get("GPU", 0))
     if gpus and device != "cpu":
-        workers, threads, num_gpus = options.workers or gpus, 1, 1
+        workers, threads, num_gpus = options.workers or gpus, max(1, options.threads), 1
     elif device == "cuda":
         raise RayEngineError("--device cuda asked for, but the Ray cluster has no GPUs")
     else:
@@ -154,14 +157,16 @@ class ChunkEmbedder:
         )
         self.modality, self.work_dir = modality, Path(work_dir)
         self.batch_size, self.max_caption_chars = batch_size, max_caption_chars
+        self.decode_pool = ThreadPoolExecutor(threads) if threads > 1 else None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         kept, bad = [], []
         for index, payload in zip(batch["chunk"], batch["items"], strict=True):
             items = [_item_from_row(row) for row in json.loads(str(payload))]
             chunk = embed_chunk(
-                items, self.encoder, self.modality, set(), self.batch_size, self.max_caption_chars
-            )
+                items, self.encoder, self.modality, set(), self.batch_size,
+                self.max_caption_chars, self.decode_pool,
+            )  # fmt: skip
             save_chunk(chunk_path(self.work_dir, int(index)), chunk)
             kept.append(len(chunk.records))
             bad.append(len(chunk.bad))

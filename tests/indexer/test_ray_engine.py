@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from indexer.cli import app
 from indexer.manifest import read_manifest
 from indexer.publish import ReindexJob, run_reindex
-from indexer.ray_engine import RayOptions
+from indexer.ray_engine import ActorPool, RayOptions, plan_pool
 from indexer.registry import ActiveRegistry
 from indexer.store import open_version
 from models.datasets.records import load_dataset
@@ -62,11 +62,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_both(tmp_path: Path, **fields) -> tuple[Path, Path]:
+def run_both(tmp_path: Path, ray_options: RayOptions | None = None, **fields) -> tuple[Path, Path]:
     """Publish one gallery with each engine into its own index root; the two version dirs."""
     local = ReindexJob(index_root=tmp_path / "local", progress=False, **fields)
     on_ray = dataclasses.replace(
-        local, index_root=tmp_path / "ray", engine="ray", ray=RayOptions(workers=2)
+        local, index_root=tmp_path / "ray", engine="ray", ray=ray_options or RayOptions(workers=2)
     )
     return tuple(run_reindex(job).path for job in (local, on_ray))  # type: ignore[return-value]
 
@@ -101,6 +101,35 @@ def test_ray_publishes_the_version_local_publishes(
         np.testing.assert_array_equal(got, want)
     local.close()
     on_ray.close()
+
+
+def test_an_actor_with_two_cpus_embeds_as_local_does(
+    tmp_path, small_shapes, random_model, local_ray
+) -> None:
+    local_dir, ray_dir = run_both(
+        tmp_path, RayOptions(workers=1, threads=2), modality="image", source=small_shapes,
+        model_dir=random_model, index_type="flat", chunk_items=64, batch_size=16,
+    )  # fmt: skip
+    local, on_ray = open_version(local_dir), open_version(ray_dir)
+    np.testing.assert_allclose(on_ray.mu, local.mu, rtol=0, atol=1e-6)
+    assert on_ray.metadata(range(local.manifest.count)) == local.metadata(
+        range(local.manifest.count)
+    )
+    local.close()
+    on_ray.close()
+
+
+@pytest.mark.parametrize(
+    ("cpus", "gpus", "threads", "want"),
+    [
+        (16, 2, 1, ActorPool(2, 1, 1, "auto")),
+        (16, 2, 4, ActorPool(2, 4, 1, "auto")),  # a GPU actor's CPUs decode its images
+        (16, 0, 4, ActorPool(4, 4, 0, "cpu")),
+    ],
+)
+def test_actor_pools_reserve_the_threads_asked_for(cpus, gpus, threads, want) -> None:
+    resources = {"CPU": float(cpus), "GPU": float(gpus)}
+    assert plan_pool(resources, RayOptions(threads=threads), "auto", 100) == want
 
 
 def test_bad_items_and_duplicates_across_chunks_count_as_locally(
