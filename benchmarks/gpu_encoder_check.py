@@ -18,14 +18,13 @@ import argparse
 import itertools
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from result_header import result_header, write_results
+from timed_embedding import timed_embedding
 
-from indexer.embed import embed_gallery, load_chunk
 from indexer.sources import open_source
 from models.onnx import ENCODE_BATCH
 from models.onnx.encoder_runtime import OnnxEncoder
@@ -41,19 +40,8 @@ def reindex(
     """Items a second through embed_gallery, after one unmeasured batch (the CUDA provider
     picks its convolution algorithms on its first call), and the embeddings of the run."""
     items = list(itertools.islice(open_source(source, modality).items(), count))
-    with tempfile.TemporaryDirectory() as work_dir:
-        warm = items[:ENCODE_BATCH]
-        embed_gallery(warm, encoder, modality, Path(work_dir) / "warm", progress=False)
-        run = Path(work_dir) / "run"
-        start = time.perf_counter()
-        summary = embed_gallery(
-            items, encoder, modality, run, total=len(items), progress=False,
-            decode_threads=decode_threads,
-        )  # fmt: skip
-        took = time.perf_counter() - start
-        chunks = [load_chunk(path) for path in summary.chunk_paths]
-    out = {key: np.concatenate([getattr(c, key) for c in chunks]) for key in ("mu", "logvar")}
-    return summary.kept / took, out
+    timed_embedding(items[:ENCODE_BATCH], encoder, modality, ENCODE_BATCH)
+    return timed_embedding(items, encoder, modality, len(items), decode_threads=decode_threads)
 
 
 def lone_query(encoder: OnnxEncoder, query, modality: str) -> tuple[float, dict]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from result_header import ROOT, alternated_rounds, result_header, settings_rows, write_results
+from timed_embedding import timed_embedding
 
-from indexer.embed import embed_gallery, load_chunk
 from indexer.sources import open_source
 from indexer.threads import apply_thread_budget
 from models.onnx import ENCODE_BATCH
@@ -31,15 +30,10 @@ from models.threads import concurrent_batches, thread_budget
 
 def embed(encoder: OnnxEncoder, items: list, workers: int, decode_threads: int) -> tuple:
     """Drawings a second over `items`, and their mu."""
-    with tempfile.TemporaryDirectory() as work_dir:
-        start = time.perf_counter()
-        summary = embed_gallery(
-            items, encoder, "image", Path(work_dir), total=len(items),
-            batch_size=ENCODE_BATCH * workers, progress=False, decode_threads=decode_threads,
-        )  # fmt: skip
-        took = time.perf_counter() - start
-        mu = np.concatenate([load_chunk(path).mu for path in summary.chunk_paths])
-    return summary.kept / took, mu
+    rate, arrays = timed_embedding(
+        items, encoder, "image", len(items), ENCODE_BATCH * workers, decode_threads
+    )
+    return rate, arrays["mu"]
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,8 +26,8 @@ from result_header import (
     settings_rows,
     write_results,
 )
+from timed_embedding import timed_embedding
 
-from indexer.embed import embed_gallery, load_chunk
 from indexer.sources import open_source
 from indexer.threads import apply_thread_budget
 from models.onnx import ENCODE_BATCH
@@ -43,15 +42,8 @@ def embed(demo_dir: Path, modality: str, count: int, workers: int) -> tuple[floa
         demo_dir / "model", modality, "cpu", ENCODE_BATCH, threads, workers=workers
     )
     items = itertools.islice(open_source(demo_dir / "data", modality).items(), count)
-    with tempfile.TemporaryDirectory() as work_dir:
-        start = time.perf_counter()
-        summary = embed_gallery(
-            items, encoder, modality, Path(work_dir), total=count,
-            batch_size=ENCODE_BATCH * workers, progress=False,
-        )  # fmt: skip
-        took = time.perf_counter() - start
-        mu = np.concatenate([load_chunk(path).mu for path in summary.chunk_paths])
-    return summary.kept / took, mu
+    rate, arrays = timed_embedding(items, encoder, modality, count, ENCODE_BATCH * workers)
+    return rate, arrays["mu"]
 
 
 def main() -> None:
