@@ -278,11 +278,14 @@ def _screen(item: GalleryItem, duplicate: bool, max_caption_chars: int) -> BadIt
 def _loads(
     batch: list[GalleryItem], modality: str, pool: Executor | None
 ) -> list[Callable[[], tuple[Any, BadItem | None]]]:
-    """Each item's _load, to call in order: decoded at once in `pool` for images with a file
-    (PIL and zlib let go of the GIL while they decode), else when called."""
+    """Each item's _load, to call in order: decoded at once in `pool` for well-formed image
+    records with a file (PIL and zlib let go of the GIL while they decode), else when called."""
     if pool is None or modality != "image":
         return [functools.partial(_load, item, modality) for item in batch]
-    futures = [pool.submit(_load, item, modality) if item.path else None for item in batch]
+    futures = [
+        pool.submit(_load, item, modality) if item.path and item.problem is None else None
+        for item in batch
+    ]
     return [
         future.result if future else functools.partial(_load, item, modality)
         for item, future in zip(batch, futures, strict=True)
