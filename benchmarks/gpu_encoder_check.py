@@ -82,7 +82,7 @@ def main() -> None:
     configure_torch_threads(ThreadBudget(1))
     devices = {
         f"CPU, {cpus} threads": ("cpu", cpus, cpus),
-        "CPU, 2 threads": ("cpu", 2, 2),
+        **({"CPU, 2 threads": ("cpu", 2, 2)} if cpus > 2 else {}),
         "auto": ("auto", cpus, cpus),
         "auto, drawings decoded in one thread": ("auto", cpus, 1),
     }

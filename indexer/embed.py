@@ -7,6 +7,7 @@ dir; a rerun after a crash reuses every chunk whose source ids still match and e
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -131,51 +132,31 @@ def embed_gallery(
 ) -> EmbedSummary:
     """Embed every item into chunk files under `work_dir`, reusing matching finished chunks;
     images are decoded `decode_threads` at a time."""
-    pool = ThreadPoolExecutor(decode_threads) if decode_threads > 1 else None
-    try:
-        return _embed_all(
-            items, encoder, modality, work_dir, total, chunk_items, batch_size,
-            max_caption_chars, progress, pool,
-        )  # fmt: skip
-    finally:
-        if pool is not None:
-            pool.shutdown()
-
-
-def _embed_all(
-    items: Iterable[GalleryItem],
-    encoder: Encoder,
-    modality: str,
-    work_dir: Path,
-    total: int | None,
-    chunk_items: int,
-    batch_size: int,
-    max_caption_chars: int,
-    progress: bool,
-    pool: Executor | None,
-) -> EmbedSummary:
     work_dir.mkdir(parents=True, exist_ok=True)
     seen: set[str] = set()
     paths: list[Path] = []
     bad: list[BadItem] = []
     kept = reused = count = 0
     bar = tqdm(total=total, unit="item", desc=f"embedding {modality}", disable=not progress)
-    for index, source_items in enumerate(batched(items, chunk_items)):
-        path = chunk_path(work_dir, index)
-        chunk = reusable_chunk(path, source_items)
-        if chunk is None:
-            chunk = embed_chunk(
-                source_items, encoder, modality, seen, batch_size, max_caption_chars, pool
-            )
-            save_chunk(path, chunk)
-        else:
-            reused += 1
-        seen.update(r["id"] for r in chunk.records)
-        paths.append(path)
-        bad.extend(chunk.bad)
-        kept += len(chunk.records)
-        count += len(source_items)
-        bar.update(len(source_items))
+    decoding = ThreadPoolExecutor(decode_threads) if decode_threads > 1 else None
+    with decoding or contextlib.nullcontext():
+        for index, source_items in enumerate(batched(items, chunk_items)):
+            path = chunk_path(work_dir, index)
+            chunk = reusable_chunk(path, source_items)
+            if chunk is None:
+                chunk = embed_chunk(
+                    source_items, encoder, modality, seen, batch_size, max_caption_chars,
+                    decoding,
+                )  # fmt: skip
+                save_chunk(path, chunk)
+            else:
+                reused += 1
+            seen.update(r["id"] for r in chunk.records)
+            paths.append(path)
+            bad.extend(chunk.bad)
+            kept += len(chunk.records)
+            count += len(source_items)
+            bar.update(len(source_items))
     bar.close()
     drop_stale_chunks(work_dir, len(paths))
     if reused:
