@@ -122,7 +122,8 @@ def gpu_shard_items(bytes_per_item: float, hardware: Hardware = GPU_NODE) -> int
 
 def gpu_speedup(inputs: Inputs) -> float:
     """ASSUMED: a GPU shard search beats one CPU core as gpu_check.md's batched uncertainty
-    scores did (measured CPU / CUDA); no FAISS GPU search was measured."""
+    scores did (measured CPU / CUDA); FAISS GPU search was measured at 100k items only
+    (gpu_faiss_check.md), not at shard scale."""
     return inputs.scores_ms["cpu"] / inputs.scores_ms["gpu"]
 
 

@@ -56,8 +56,8 @@ def assumptions_table() -> list[str]:
         ("CPU node", f"{cpu.servers} cores (one shard server each), {cpu.memory_gb:g} GB RAM"),
         ("GPU node", f"1 GPU with {gpu.memory_gb:g} GB (an H100, as in gpu_check.md's machine)"),
         ("GPU shard search vs one CPU core", "as much faster as gpu_check.md's batched scores"
-         " (CPU ms / CUDA ms, measured there; a different kernel: no FAISS GPU search was"
-         " measured)"),
+         " (CPU ms / CUDA ms, measured there; a different kernel: FAISS GPU search was"
+         " measured at 100k items only, gpu_faiss_check.md)"),
         ("GPU batching window", f"{gpu.wait_ms:g} ms added to every shard search"),
         ("GPU shard cost", "the largest measured CPU shard scaled by sqrt(items), then / speedup"),
         ("memory for shard indexes", f"{sp.MEMORY_FRACTION:.0%} of the node's"),

@@ -105,7 +105,14 @@ class RowSelection:
 
 
 class FamilyIndex:
-    """One family's FAISS index with its search parameters; searches in Gaussian terms."""
+    """One family's FAISS index with its search parameters; searches in Gaussian terms.
+
+    `selection_index`, when given, answers the searches among selected rows (`allowed`): the
+    CPU original of a GPU copy. On an H100 (benchmarks/results/gpu_faiss_check.md) FAISS's
+    GPU indexes either failed such searches (cuVS IVF-Flat: a CUDA "invalid argument") or
+    returned rows the selector excluded (FAISS's own GPU code), so a filter or a live
+    gallery's deletions are never trusted to the GPU copy.
+    """
 
     def __init__(
         self,
@@ -114,9 +121,11 @@ class FamilyIndex:
         params: dict[str, Any],
         search_params: dict[str, Any],
         duplicates: DuplicateGroups | None = None,
+        selection_index: faiss.Index | None = None,
     ) -> None:
         self.family = family
         self.index = index
+        self.selection_index = index if selection_index is None else selection_index
         self.params = params
         self.search_params = dict(search_params)
         self.duplicates = duplicates
@@ -164,7 +173,8 @@ class FamilyIndex:
         faiss_params = make_search_parameters(
             self.index, search_params or self.search_params, selector
         )
-        scores, rows = self.index.search(queries, k, params=faiss_params)  # (Q, k) each
+        index = self.index if selector is None else self.selection_index
+        scores, rows = index.search(queries, k, params=faiss_params)  # (Q, k) each
         if self._mips_radius2 is not None:
             # ||q' - x'||^2 = |q|^2 + R^2 - 2 <q, x>  ->  <q, x>
             q_norm2 = (queries.astype(np.float64) ** 2).sum(axis=1, keepdims=True)
@@ -224,8 +234,31 @@ def index_file_name(family: str) -> str:
     return f"{family}.faiss"
 
 
-def load_index(path: Path, device: str) -> faiss.Index:
-    """Read a FAISS index; copy it to all GPUs when asked or when "auto" finds any."""
+def place_family(
+    family: str,
+    index: faiss.Index,
+    device: str,
+    params: dict[str, Any],
+    search_params: dict[str, Any],
+    duplicates: DuplicateGroups | None = None,
+) -> FamilyIndex:
+    """A FamilyIndex over `index` copied to the GPUs (to_device), keeping the CPU original for
+    the searches among selected rows when it was copied."""
+    searched = to_device(index, device, f"{family}.faiss")
+    original = None if searched is index else index
+    return FamilyIndex(family, searched, params, search_params, duplicates, original)
+
+
+def load_family_index(
+    path: Path,
+    family: str,
+    device: str,
+    params: dict[str, Any],
+    search_params: dict[str, Any],
+    duplicates: DuplicateGroups | None = None,
+) -> FamilyIndex:
+    """A family's FAISS index read from `path` and placed on `device` (place_family)."""
     if not path.is_file():
         raise ManifestError(f"index file {path} is missing")
-    return to_device(faiss.read_index(str(path)), device, path.name)
+    index = faiss.read_index(str(path))
+    return place_family(family, index, device, params, search_params, duplicates)
