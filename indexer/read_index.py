@@ -249,16 +249,8 @@ def place_family(
     return FamilyIndex(family, searched, params, search_params, duplicates, original)
 
 
-def load_family_index(
-    path: Path,
-    family: str,
-    device: str,
-    params: dict[str, Any],
-    search_params: dict[str, Any],
-    duplicates: DuplicateGroups | None = None,
-) -> FamilyIndex:
-    """A family's FAISS index read from `path` and placed on `device` (place_family)."""
+def read_family_index(path: Path) -> faiss.Index:
+    """A family's FAISS index read from its file in a version dir, on the CPU."""
     if not path.is_file():
         raise ManifestError(f"index file {path} is missing")
-    index = faiss.read_index(str(path))
-    return place_family(family, index, device, params, search_params, duplicates)
+    return faiss.read_index(str(path))

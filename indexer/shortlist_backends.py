@@ -29,12 +29,12 @@ class FaissBackend:
         self, path: Path, manifest: Manifest, duplicates: DuplicateGroups | None
     ) -> dict[str, FamilySearcher]:
         # not at the top: read_index loads faiss (an extra), needed once a version is opened
-        from indexer.read_index import index_file_name, load_family_index
+        from indexer.read_index import index_file_name, place_family, read_family_index
 
         return {
-            family: load_family_index(
-                path / index_file_name(family),
+            family: place_family(
                 family,
+                read_family_index(path / index_file_name(family)),
                 self.device,
                 manifest.index_params.get(family, {}),
                 manifest.search_params.get(family, {}),

@@ -46,10 +46,11 @@ def test_faiss_indexes_move_to_the_gpus_when_faiss_sees_them(monkeypatch, tmp_pa
     monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index: moved.append(index) or index)
     flat = _write_index(tmp_path / "flat.faiss", faiss.IndexFlatL2(8))
     hnsw = _write_index(tmp_path / "hnsw.faiss", faiss.IndexHNSWFlat(8, 8))
-    read_index.load_family_index(flat, "w2", "auto", {}, {})
+    read_index.place_family("w2", read_index.read_family_index(flat), "auto", {}, {})
     assert len(moved) == 1
-    read_index.load_family_index(hnsw, "w2", "auto", {}, {})  # no GPU HNSW: stays on CPU
-    read_index.load_family_index(flat, "w2", "cpu", {}, {})
+    hnsw_index = read_index.read_family_index(hnsw)
+    read_index.place_family("w2", hnsw_index, "auto", {}, {})  # no GPU HNSW: stays on CPU
+    read_index.place_family("w2", read_index.read_family_index(flat), "cpu", {}, {})
     assert len(moved) == 1
 
 
