@@ -5,10 +5,11 @@ from pathlib import Path
 import faiss
 import numpy as np
 import onnxruntime
+import pytest
 import torch
 
 from indexer import read_index
-from indexer.build import build_family_index, plan_index
+from indexer.build import build_family_index, duplicate_representatives, plan_index
 from models.distance.gaussian import pairwise_distance
 from models.onnx.encoder_runtime import choose_providers
 from models.scoring.rerank import compute_device
@@ -68,17 +69,25 @@ class GpuCopyAsSeen:
         return self.inner.search(x, k)
 
 
-def test_searches_among_selected_rows_run_on_the_cpu_original(monkeypatch) -> None:
+@pytest.mark.parametrize("with_duplicates", [False, True])
+def test_searches_among_selected_rows_run_on_the_cpu_original(
+    monkeypatch, with_duplicates: bool
+) -> None:
     """Unfiltered shortlists use the GPU copy; a filter's (or a live gallery's) row selection
-    runs on the CPU index the copy was made from, and gives the brute-force top k."""
+    runs on the CPU index the copy was made from, and gives the brute-force top k (with
+    duplicate embeddings too, whose index is an IndexIDMap over the representatives)."""
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
     monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", GpuCopyAsSeen)
     rng = np.random.default_rng(3)
     mu, logvar = rng.standard_normal((300, 8), np.float32), rng.uniform(-2, 0, (300, 8))
     logvar = logvar.astype(np.float32)
+    if with_duplicates:
+        mu[250:], logvar[250:] = mu[:50], logvar[:50]
+    representatives = duplicate_representatives(mu, logvar)
+    groups = read_index.DuplicateGroups(representatives) if with_duplicates else None
     plan = plan_index("flat", len(mu), 8, ("w2",), 2**30)
-    index, params = build_family_index("w2", mu, logvar, plan)
-    family = read_index.place_family("w2", index, "auto", params, {})
+    index, params = build_family_index("w2", mu, logvar, plan, duplicates=groups)
+    family = read_index.place_family("w2", index, "auto", params, {}, groups)
     mu_q, logvar_q = mu[:5] + 0.1, logvar[:5]
     family.search(mu_q, logvar_q, 10)
     assert family.index.searches == 1
