@@ -110,8 +110,8 @@ class FamilyIndex:
     `selection_index`, when given, answers the searches among selected rows (`allowed`): the
     CPU original of a GPU copy. On an H100 (benchmarks/results/gpu_faiss_check.md) FAISS's
     GPU indexes either failed such searches (cuVS IVF-Flat: a CUDA "invalid argument") or
-    returned rows the selector excluded (FAISS's own GPU code), so a filter or a live
-    gallery's deletions are never trusted to the GPU copy.
+    answered them with other rows than the CPU index (FAISS's own GPU code), so a filter or a
+    live gallery's deletions are never trusted to the GPU copy.
     """
 
     def __init__(
@@ -170,10 +170,8 @@ class FamilyIndex:
         if self._mips_radius2 is not None:
             queries = np.concatenate([queries, np.zeros((len(queries), 1), np.float32)], axis=1)
         selector = None if allowed is None else allowed.selector(self.duplicates)
-        faiss_params = make_search_parameters(
-            self.index, search_params or self.search_params, selector
-        )
         index = self.index if selector is None else self.selection_index
+        faiss_params = make_search_parameters(index, search_params or self.search_params, selector)
         scores, rows = index.search(queries, k, params=faiss_params)  # (Q, k) each
         if self._mips_radius2 is not None:
             # ||q' - x'||^2 = |q|^2 + R^2 - 2 <q, x>  ->  <q, x>
