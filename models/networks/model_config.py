@@ -513,7 +513,9 @@ class TrainConfig:
     ] = 0.0
     uniformity_weight: Annotated[float, Option("weight of the uniformity loss on the means")] = 0.0
     match_samples: Annotated[int, Option("J of PCME's J x J sampled match probability")] = 7
-    match_lr: float = 0.05  # Adam lr of the match probability's a and b (pcme, pcmepp)
+    # Adam lr of the match probability's a and b (pcme, pcmepp); None: PCME++'s 0.05, PCME at
+    # the encoders' lr (models.objectives.match_learning_rate).
+    match_lr: float | None = None
     # How the match BCE weighs its pairs (models.objectives.match_probability.pair_mean):
     # balanced, the mean over the matching pairs plus the mean over the others (trained from
     # scratch, the papers' weighting stayed at its trivial value: docs/results-pcme.md);
@@ -594,6 +596,8 @@ class TrainConfig:
             raise ConfigError("need epochs >= 1 and batch size >= 2")
         if self.lr <= 0 or self.margin < 0:
             raise ConfigError("need lr > 0 and margin >= 0")
+        if self.match_lr is not None and not self.match_lr > 0:
+            raise ConfigError(f"match lr must be > 0 (or None), got {self.match_lr}")
         if self.patience < 0 or self.lr_patience < 0:
             raise ConfigError("need patience >= 0 and lr patience >= 0")
         if self.negatives not in ("hardest", "sum"):

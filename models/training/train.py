@@ -39,7 +39,7 @@ from models.networks.probabilistic_model import (
     save_checkpoint,
 )
 from models.networks.tokenizer import PAD, UNK, Tokenizer
-from models.objectives import INITIAL_MATCH, BatchEmbeddings, batch_loss
+from models.objectives import INITIAL_MATCH, BatchEmbeddings, batch_loss, match_learning_rate
 from models.objectives.hinge import similarity_matrix
 from models.objectives.labels import ImageProbes
 from models.onnx.export import export_encoders
@@ -527,16 +527,12 @@ def _refuse_for_backbones(config: TrainConfig) -> None:
 
 
 def parameter_groups(model: ProbabilisticModel, config: TrainConfig) -> list[dict[str, Any]]:
-    """The encoders at `lr`, the match probability's a and b at `match_lr`.
-
-    a and b are two scalars that must travel several units (b from 5 to wherever the batch's
-    distances sit); at the encoders' lr Adam moves them by about lr per step, which on a small
-    dataset leaves every pair's probability stuck near 0 for the whole run.
-    """
+    """The encoders at `lr`, the match probability's a and b at `match_learning_rate`."""
     match = [model.match_log_scale, model.match_shift]
     ids = {id(p) for p in match}
     encoders = [p for p in model.parameters() if id(p) not in ids]
-    return [{"params": encoders, "lr": config.lr}, {"params": match, "lr": config.match_lr}]
+    match_lr = match_learning_rate(config)
+    return [{"params": encoders, "lr": config.lr}, {"params": match, "lr": match_lr}]
 
 
 def _image_probes(

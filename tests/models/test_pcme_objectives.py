@@ -11,9 +11,9 @@ from torch.distributions import Normal
 from models.distance.gaussian import pairwise_distance
 from models.networks.model_config import ConfigError, ModelConfig, TrainConfig
 from models.networks.probabilistic_model import build_model
-from models.objectives import INITIAL_MATCH
+from models.objectives import INITIAL_MATCH, PCMEPP_MATCH_LR
 from models.objectives.match_probability import balanced_mean, pcme_loss, pcmepp_loss
-from models.training.train import start_match
+from models.training.train import parameter_groups, start_match
 
 TRIVIAL_BALANCED_BCE = 2 * math.log(2)  # one constant p for every pair: p = 1/2 is best
 
@@ -213,3 +213,27 @@ def test_training_starts_the_match_logit_where_the_objective_does(objective: str
     scale, shift = INITIAL_MATCH.get(objective, default)
     assert model.match_scale.item() == pytest.approx(scale)
     assert model.match_shift.item() == pytest.approx(shift)
+
+
+@pytest.mark.parametrize(
+    ("training", "expected"),
+    [
+        ({"objective": "pcme"}, 2e-3),  # the encoders' lr, as the papers
+        ({"objective": "pcmepp"}, PCMEPP_MATCH_LR),
+        ({"objective": "hinge", "variance_objective": "pcmepp"}, PCMEPP_MATCH_LR),
+        ({"objective": "pcme", "match_lr": 0.05}, 0.05),
+        ({"objective": "pcmepp", "match_lr": 1e-3}, 1e-3),
+    ],
+)
+def test_the_match_logit_learns_at_its_objectives_rate(training: dict, expected: float) -> None:
+    model = build_model(ModelConfig(model_type="gcie", metric="csd", vocab_size=20))
+    encoders, match = parameter_groups(model, TrainConfig(lr=2e-3, **training))
+    assert encoders["lr"] == 2e-3
+    assert match["lr"] == pytest.approx(expected)
+    assert {id(p) for p in match["params"]} == {id(model.match_log_scale), id(model.match_shift)}
+
+
+@pytest.mark.parametrize("match_lr", [0.0, -1e-3])
+def test_a_match_lr_that_is_not_positive_is_refused(match_lr: float) -> None:
+    with pytest.raises(ConfigError, match="match lr"):
+        TrainConfig(objective="pcme", match_lr=match_lr)
