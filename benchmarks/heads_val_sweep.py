@@ -72,19 +72,26 @@ def parse_variant(spec: str, base_runs: tuple[Run, ...]) -> Run:
     return dataclasses.replace(base, name=name, model=model, training=training)
 
 
-def run_seed(data: Path, out: Path, run: Run, seed: int, epochs: int) -> dict:
-    """Train one variant and seed into `out` and read its val figures (cached beside it)."""
-    cached = out / "val_figures.json"
-    settings = {"model": run.model, "training": run.training, "epochs": epochs, "seed": seed}
-    if cached.is_file() and (saved := json.loads(cached.read_text()))["settings"] == settings:
-        return saved
-    torch.set_num_threads(1)
-    training = TrainConfig(**{**run.training, "epochs": epochs, "seed": seed})
-    start = time.time()
+def effective_configs(run: Run, seed: int, epochs: int) -> tuple[ModelConfig, TrainConfig, dict]:
+    """The run's configs for one seed, and every field of both as JSON (the cache's key)."""
     model = ModelConfig(**run.model)
+    training = TrainConfig(**{**run.training, "epochs": epochs, "seed": seed})
+    configs = {"model": dataclasses.asdict(model), "training": dataclasses.asdict(training)}
+    return model, training, json.loads(json.dumps(configs))  # tuples as the saved lists
+
+
+def run_seed(data: Path, out: Path, run: Run, seed: int, epochs: int) -> dict:
+    """Train one variant and seed into `out` and read its val figures, cached beside it and
+    reused only for the same effective configs (so a changed default retrains)."""
+    cached = out / "val_figures.json"
+    model, training, configs = effective_configs(run, seed, epochs)
+    if cached.is_file() and json.loads(cached.read_text()).get("configs") == configs:
+        return json.loads(cached.read_text())
+    torch.set_num_threads(1)
+    start = time.time()
     result = train(data, out, model, training, progress=False, log=lambda _: None)
     report = evaluate_model(out, data, "val", EvalConfig(metrics=(run.metric,), mc_samples=0))
-    figures: dict = {"settings": settings, "best_epoch": result.best_epoch}
+    figures: dict = {"configs": configs, "best_epoch": result.best_epoch}
     figures |= {"epochs": len(result.history), "train_s": round(time.time() - start)}
     figures["val_score"] = max(epoch["score"] for epoch in result.history)
     for direction in ("i2t", "t2i"):

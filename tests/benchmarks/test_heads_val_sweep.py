@@ -1,10 +1,15 @@
 """benchmarks/heads_val_sweep.py: a variant is a model_comparison run with settings changed in
-the right config, and a setting that is in neither config is refused."""
+the right config, a setting that is in neither config is refused, and a seed's cached figures
+are reused only for the same effective configs."""
+
+import json
+from pathlib import Path
 
 import pytest
 
-from benchmarks.heads_val_sweep import parse_variant
+from benchmarks.heads_val_sweep import effective_configs, parse_variant, run_seed
 from benchmarks.model_comparison import PRETRAINED_RUNS, RUNS
+from models.datasets.records import DatasetError
 
 
 def test_a_variant_changes_only_what_it_names() -> None:
@@ -29,3 +34,17 @@ def test_a_bare_name_is_the_run_itself() -> None:
 def test_an_unknown_run_or_setting_is_refused(spec: str) -> None:
     with pytest.raises(SystemExit, match="--variant"):
         parse_variant(spec, RUNS)
+
+
+def test_cached_figures_are_reused_only_for_the_same_effective_configs(tmp_path: Path) -> None:
+    run = parse_variant("pcme", RUNS)
+    _, _, configs = effective_configs(run, seed=1, epochs=3)
+    cached = {"configs": configs, "val_score": 12.5}
+    (tmp_path / "val_figures.json").write_text(json.dumps(cached))
+    missing = tmp_path / "no-dataset"  # training would fail on it
+    assert run_seed(missing, tmp_path, run, 1, 3) == cached
+
+    configs["training"]["match_lr"] = 0.05  # made under another default: train again
+    (tmp_path / "val_figures.json").write_text(json.dumps({**cached, "configs": configs}))
+    with pytest.raises(DatasetError, match="no-dataset"):
+        run_seed(missing, tmp_path, run, 1, 3)
