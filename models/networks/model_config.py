@@ -179,6 +179,11 @@ class ModelConfig:
     variance_reads_backbone: Annotated[
         bool, Option("pretrained: the variance head reads the backbone vector")
     ] = False
+    # The served text graph's backbone with int8 MatMul weights (models.onnx.quantize): about
+    # 2x faster on CPU; the heads still train on the float features.
+    text_backbone_int8: Annotated[
+        bool, Option("pretrained: serve the text backbone with int8 weights (2x faster on CPU)")
+    ] = False
     # Training image vectors kept for the novelty score of image queries (models.networks.
     # feature_novelty); at most this many, fewer when the train split has fewer images.
     novelty_bank: Annotated[
@@ -231,6 +236,11 @@ class ModelConfig:
         if self.variance_reads_backbone and not self.pretrained:
             raise ConfigError(
                 "variance_reads_backbone needs pretrained backbones (--image-backbone and "
+                "--text-backbone)"
+            )
+        if self.text_backbone_int8 and not self.pretrained:
+            raise ConfigError(
+                "text_backbone_int8 needs pretrained backbones (--image-backbone and "
                 "--text-backbone)"
             )
         if self.variance_reads_backbone and self.model_type == "pvse":

@@ -3,7 +3,9 @@ path (backbone, then heads), each checked against torch.
 
 The whole path is the backbone's graph joined to the heads' graph with onnx.compose: the
 shipped backbones are exported first (models.backbones.onnx_backbone), a user's ONNX
-backbone is used as it is, so both take the same road. Graph inputs (model.json "onnx_io"):
+backbone is used as it is, so both take the same road. With `text_backbone_int8` the text
+backbone's graph gets int8 weights before the join (models.onnx.quantize), and the whole text
+graph is checked against the torch heads fed that graph's features. Graph inputs (model.json "onnx_io"):
 
 image_encoder.onnx  pixels uint8 (N, 3, S, S) (or the user's graph's own pixel type),
                     dropout_masks float32 (S, N, F + H)
@@ -18,8 +20,10 @@ text_heads.onnx     features float32 (N, F), dropout_masks
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +32,7 @@ import onnx.compose
 import torch
 from PIL import Image
 
-from models.backbones.onnx_backbone import export_backbone
+from models.backbones.onnx_backbone import OnnxBackbone, export_backbone
 from models.backbones.registry import Backbone, load_backbone
 from models.networks.backbone_tokenizer import caption_tokens, load_tokenizer
 from models.networks.feature_heads import FeatureHeads
@@ -46,7 +50,10 @@ from models.networks.preprocess import backbone_pixels
 from models.networks.probabilistic_model import HeadsModel
 from models.onnx.encoder_runtime import pixel_dtype
 from models.onnx.parity import PARITY_ATOL, ExportError
+from models.onnx.quantize import quantize_text_backbone
 from models.pvse.network import PvseFeatureHeads
+
+logger = logging.getLogger(__name__)
 
 FILES = {
     "image": (IMAGE_ONNX_FILE, IMAGE_HEADS_ONNX_FILE),
@@ -65,13 +72,29 @@ def export_pretrained(model: HeadsModel, model_dir: Path) -> dict[str, float]:
         heads = model.image_encoder if modality == "image" else model.text_encoder
         backbone = load_backbone(spec, modality)
         with tempfile.TemporaryDirectory() as tmp:
-            graph = backbone.graph or _exported(backbone, Path(tmp))
+            graph, features_of = _served_backbone(backbone, model.config, Path(tmp))
             opset = _default_opset(onnx.load(str(graph)))
             export_heads(heads, heads_file, opset)
             differences[heads_file.name] = _heads_parity(heads, heads_file)
             _join(graph, heads_file, whole)
-        differences[whole.name] = _whole_parity(model, backbone, heads, whole, model_dir)
+            differences[whole.name] = _whole_parity(
+                model, backbone, features_of, heads, whole, model_dir
+            )
     return differences
+
+
+def _served_backbone(
+    backbone: Backbone, config: ModelConfig, folder: Path
+) -> tuple[Path, Callable[[list], np.ndarray]]:
+    """The backbone graph the whole path starts with, and the features it computes: the
+    backbone as it is, or its text graph with int8 weights (`text_backbone_int8`)."""
+    graph = backbone.graph or _exported(backbone, folder)
+    if backbone.modality != "text" or not config.text_backbone_int8:
+        return graph, backbone.encode
+    int8 = folder / "text_backbone.int8.onnx"
+    cosine = quantize_text_backbone(graph, int8, backbone.tokenizer_file, CAPTIONS)
+    logger.info("int8 text backbone: min cosine %.4f with the float one", cosine)
+    return int8, OnnxBackbone(int8, backbone.tokenizer_file).encode
 
 
 class _GraphHeads(torch.nn.Module):
@@ -167,16 +190,23 @@ def _heads_parity(heads: FeatureHeads, path: Path) -> float:
 
 
 def _whole_parity(
-    model: HeadsModel, backbone: Backbone, heads: FeatureHeads, path: Path, model_dir: Path
+    model: HeadsModel,
+    backbone: Backbone,
+    features_of: Callable[[list], np.ndarray],
+    heads: FeatureHeads,
+    path: Path,
+    model_dir: Path,
 ) -> float:
-    """The whole graph against the backbone's own features fed to the torch heads."""
+    """The whole graph against the torch heads fed `features_of` the examples: the backbone's
+    own features, or the int8 backbone graph's (whose distance from the float features
+    quantize_text_backbone bounds)."""
     import onnxruntime as ort
 
     raw = _raw_examples(backbone.modality, backbone.image_size)
     masks = dropout_masks(model.mask_shape(backbone.modality, 3, len(raw)), 0.5,
                           torch.Generator().manual_seed(2))  # fmt: skip
     with torch.no_grad():
-        features = torch.from_numpy(backbone.encode(list(raw)))
+        features = torch.from_numpy(features_of(list(raw)))
         expected = [t.numpy() for t in _GraphHeads(heads)(features, masks)]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feeds = _feeds(backbone, raw, model_dir / TOKENIZER_FILE, model.config, session)
