@@ -1,6 +1,8 @@
 """The service benchmark before and after a change, in one run: the same service_bench.py
 command in a worktree of an earlier commit and in this tree, taking turns (before, after,
-before, after, ...), so that the shared machine's drift reaches both alike.
+before, after, ...), so that the shared machine's drift reaches both alike. With
+--before-demo-dir the before side serves another demo build (a change of model rather than of
+code: --before HEAD then runs the same code on both).
 
     .venv/bin/python benchmarks/service_bench_compare.py --before 75df0fa --rounds 2 -- \\
         --scenarios main --concurrency 1,16 --duration 5 --warmup 1
@@ -96,6 +98,10 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "service_bench_compare")
     parser.add_argument("--demo-dir", type=Path, default=ROOT / ".cache" / "demo")
     parser.add_argument(
+        "--before-demo-dir", type=Path, default=None,
+        help="the before side's demo build, when it differs (default: --demo-dir)",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks/results/service_bench_compare.md"
     )
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: service_bench.py's")
@@ -104,12 +110,13 @@ def main() -> None:
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     trees = {"before": worktree(args.before, work), "after": ROOT}
+    demo_dirs = {"before": args.before_demo_dir or args.demo_dir, "after": args.demo_dir}
     load_start, started = os.getloadavg(), time.perf_counter()
     reports: dict[str, list[dict]] = {"before": [], "after": []}
     for turn in range(args.rounds):
         for side, tree in trees.items():
             out = work / f"{side}-{turn}.md"
-            run_once(tree, bench_args, out, args.demo_dir.resolve())
+            run_once(tree, bench_args, out, demo_dirs[side].resolve())
             reports[side].append(cells(out.read_text()))
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True).stdout.strip()  # fmt: skip
@@ -118,6 +125,7 @@ def main() -> None:
         "",
         f"- date: {datetime.now(UTC):%Y-%m-%dT%H:%M:%S}+00:00; before {args.before}, after {head} "
         "(the working tree)",
+        f"- demo builds: before `{demo_dirs['before']}`, after `{demo_dirs['after']}`",
         f"- command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`",
         f"- machine: {platform.processor() or platform.machine()}; {os.cpu_count()} logical CPUs; "
         f"{platform.platform()}",

@@ -5,7 +5,9 @@ The whole path is the backbone's graph joined to the heads' graph with onnx.comp
 shipped backbones are exported first (models.backbones.onnx_backbone), a user's ONNX
 backbone is used as it is, so both take the same road. With `text_backbone_int8` the text
 backbone's graph gets int8 weights before the join (models.onnx.quantize), and the whole text
-graph is checked against the torch heads fed that graph's features. Graph inputs (model.json "onnx_io"):
+graph is checked against the torch heads fed that graph's features.
+
+Graph inputs (model.json "onnx_io"):
 
 image_encoder.onnx  pixels uint8 (N, 3, S, S) (or the user's graph's own pixel type),
                     dropout_masks float32 (S, N, F + H)
