@@ -72,6 +72,25 @@ def pairwise_distance(
     return _broadcast_in_chunks(_ELEMENTWISE[metric], mu_q, logvar_q, mu_g, logvar_g)
 
 
+def batched_pairwise_distance(
+    metric: str, mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor
+) -> Tensor:
+    """pairwise_distance of B independent problems, by the matmul expansions where a metric has
+    one: (B, P, D) x (B, R, D) -> (B, P, R), float32 (float64 if any input is). A problem's
+    values depend on its own tensors only; they equal the elementwise closed forms to round-off
+    (not bit for bit). match_prob, which samples, is not offered."""
+    check_metric(metric)
+    if metric == "match_prob":
+        raise GaussianInputError("match_prob samples: use pairwise_distance for it")
+    tensors = [torch.as_tensor(t) for t in (mu_q, logvar_q, mu_g, logvar_g)]
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    mu_q, logvar_q, mu_g, logvar_g = (t.to(dtype) for t in tensors)
+    if metric in _PAIRWISE:
+        return _PAIRWISE[metric](mu_q, logvar_q, mu_g, logvar_g)
+    return _ELEMENTWISE[metric](mu_q[..., :, None, :], logvar_q[..., :, None, :],
+                                mu_g[..., None, :, :], logvar_g[..., None, :, :])  # fmt: skip
+
+
 def elementwise_distance(
     metric: str, mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor, **params
 ) -> Tensor:
@@ -285,33 +304,34 @@ _ELEMENTWISE: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
 
 
 # ---- closed forms, pairwise by matmul expansion (no (Q, G, D) tensor) -------------------------
+# Each takes (..., Q, D) x (..., G, D) -> (..., Q, G): leading dims are independent problems.
 
 
 def _w2_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
     # W2^2 is the squared L2 distance between [mu, sigma] vectors.
-    query = torch.cat([mu_q, torch.exp(0.5 * logvar_q)], dim=1)  # (Q, 2D)
-    gallery = torch.cat([mu_g, torch.exp(0.5 * logvar_g)], dim=1)  # (G, 2D)
+    query = torch.cat([mu_q, torch.exp(0.5 * logvar_q)], dim=-1)  # (..., Q, 2D)
+    gallery = torch.cat([mu_g, torch.exp(0.5 * logvar_g)], dim=-1)  # (..., G, 2D)
     return _sqdist(query, gallery)
 
 
 def _csd_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
-    trace_q = torch.exp(logvar_q).sum(1)  # (Q,)
-    trace_g = torch.exp(logvar_g).sum(1)  # (G,)
-    return _sqdist(mu_q, mu_g) + trace_q[:, None] + trace_g[None, :]
+    trace_q = torch.exp(logvar_q).sum(-1)  # (..., Q)
+    trace_g = torch.exp(logvar_g).sum(-1)  # (..., G)
+    return _sqdist(mu_q, mu_g) + trace_q[..., :, None] + trace_g[..., None, :]
 
 
 def _kl_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
     """KL(q || g) = 1/2 [(var_q + mu_q^2)·prec_g - 2 mu_q·(mu_g prec_g) + c_g - c_q]."""
-    prec_g = torch.exp(-logvar_g)  # (G, D)
-    second_moment_q = torch.exp(logvar_q) + mu_q**2  # (Q, D)
-    cross = second_moment_q @ prec_g.T - 2.0 * (mu_q @ (mu_g * prec_g).T)  # (Q, G)
-    const_g = (mu_g**2 * prec_g + logvar_g).sum(1)  # (G,)
-    const_q = (1.0 + logvar_q).sum(1)  # (Q,)
-    return (0.5 * (cross + const_g[None, :] - const_q[:, None])).clamp_min(0)
+    prec_g = torch.exp(-logvar_g)  # (..., G, D)
+    second_moment_q = torch.exp(logvar_q) + mu_q**2  # (..., Q, D)
+    cross = second_moment_q @ prec_g.mT - 2.0 * (mu_q @ (mu_g * prec_g).mT)  # (..., Q, G)
+    const_g = (mu_g**2 * prec_g + logvar_g).sum(-1)  # (..., G)
+    const_q = (1.0 + logvar_q).sum(-1)  # (..., Q)
+    return (0.5 * (cross + const_g[..., None, :] - const_q[..., :, None])).clamp_min(0)
 
 
 def _kl_reverse_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
-    return _kl_pairwise(mu_g, logvar_g, mu_q, logvar_q).T.contiguous()
+    return _kl_pairwise(mu_g, logvar_g, mu_q, logvar_q).mT.contiguous()
 
 
 def _js_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
@@ -326,9 +346,9 @@ def _min_kl_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Ten
 
 def _mahalanobis_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
     del logvar_q
-    prec_g = torch.exp(-logvar_g)  # (G, D)
-    cross = (mu_q**2) @ prec_g.T - 2.0 * (mu_q @ (mu_g * prec_g).T)  # (Q, G)
-    return (cross + (mu_g**2 * prec_g).sum(1)[None, :]).clamp_min(0)
+    prec_g = torch.exp(-logvar_g)  # (..., G, D)
+    cross = (mu_q**2) @ prec_g.mT - 2.0 * (mu_q @ (mu_g * prec_g).mT)  # (..., Q, G)
+    return (cross + (mu_g**2 * prec_g).sum(-1)[..., None, :]).clamp_min(0)
 
 
 _PAIRWISE: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {

@@ -34,7 +34,12 @@ from torch.nn import functional as F
 
 from models.distance.gaussian import elementwise_distance
 from models.scoring.gallery_range import out_of_range
-from models.scoring.rerank import RankedBatch, draw_distances, rerank_batch
+from models.scoring.rerank import (
+    RankedBatch,
+    candidate_distances,
+    draw_distances,
+    rerank_batch,
+)
 from models.scoring.uncertainty import (
     entropy,
     feature_uncertainty,
@@ -281,7 +286,7 @@ def shortlist_distances(
     """Distances (Q, M) of the queries and (L, Q, M) of their draws (None without draws) to
     their shortlists: what query_scores needs, computed once for any number of temperatures."""
     mu, logvar = query
-    distances = draw_distances(metric, mu[None], logvar[None], *candidates)[0]  # (Q, M)
+    distances = candidate_distances(metric, mu, logvar, *candidates)  # (Q, M)
     if draws is None or draws[0].shape[0] == 0:
         return distances, None
     return distances, draw_distances(metric, *draws, *candidates)  # (L, Q, M)
