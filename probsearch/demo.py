@@ -146,7 +146,7 @@ def clipart_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
     The variance fitted to the spread of the batch's plausible matches (gcie-spread-nce) left
     the caption log-det against ambiguity (val Spearman -0.20; benchmarks/results/
     variance_reads_backbone_clipart.md). The text backbone is served with int8 weights: its
-    graph runs 1.8-1.9x faster, with no difference in retrieval or rejection over 3 seeds
+    graph runs 1.8-1.9x faster and is no worse in retrieval or rejection over 3 seeds
     (benchmarks/results/text_int8.md)."""
     model = ModelConfig(
         model_type="gcie", metric="cosine", embed_dim=plan.embed_dim, variance_reads_only=True,

@@ -180,9 +180,9 @@ class ModelConfig:
         bool, Option("pretrained: the variance head reads the backbone vector")
     ] = False
     # The served text graph's backbone with int8 MatMul weights (models.onnx.quantize): about
-    # 2x faster on CPU; the heads still train on the float features.
+    # 1.8x faster on CPU; the heads still train on the float features.
     text_backbone_int8: Annotated[
-        bool, Option("pretrained: serve the text backbone with int8 weights (2x faster on CPU)")
+        bool, Option("pretrained: serve the text backbone with int8 weights (1.8x faster on CPU)")
     ] = False
     # Training image vectors kept for the novelty score of image queries (models.networks.
     # feature_novelty); at most this many, fewer when the train split has fewer images.
