@@ -75,8 +75,9 @@ def pairwise_distance(
 def batched_pairwise_distance(
     metric: str, mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor
 ) -> Tensor:
-    """pairwise_distance of B independent problems, by the matmul expansions where a metric has
-    one: (B, P, D) x (B, R, D) -> (B, P, R), float32 (float64 if any input is). A problem's
+    """pairwise_distance by the matmul expansions where a metric has one, over any leading
+    dims of independent problems: (..., P, D) x (..., R, D) -> (..., P, R), float32 (float64 if
+    any input is); no centring, unlike pairwise_distance. A problem's
     values depend on its own tensors only; they equal the elementwise closed forms to round-off
     (not bit for bit). match_prob, which samples, is not offered."""
     check_metric(metric)
