@@ -31,6 +31,7 @@ from models.evaluation.evaluate import EvalConfig, evaluate_model
 from models.networks.model_config import ModelConfig
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.onnx.export import export_model_dir
+from models.onnx.quantize import row_cosines
 from models.threads import ThreadBudget
 from models.training.train import train
 from probsearch.demo import CLIPART_PLAN, clipart_model
@@ -86,9 +87,7 @@ def mean_cosines(dirs: dict[str, Path], data: Path, split: str) -> tuple[float, 
     mu = {
         s: OnnxEncoder(d, "text", device="cpu").encode_texts(captions).mu for s, d in dirs.items()
     }
-    cosines = (mu["float"] * mu["int8"]).sum(1) / (
-        np.linalg.norm(mu["float"], axis=1) * np.linalg.norm(mu["int8"], axis=1)
-    )
+    cosines = row_cosines(mu["float"], mu["int8"])
     return float(cosines.mean()), float(cosines.min())
 
 

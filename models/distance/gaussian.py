@@ -72,14 +72,15 @@ def pairwise_distance(
     return _broadcast_in_chunks(_ELEMENTWISE[metric], mu_q, logvar_q, mu_g, logvar_g)
 
 
-def batched_pairwise_distance(
+def matmul_pairwise_distance(
     metric: str, mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor
 ) -> Tensor:
     """pairwise_distance by the matmul expansions where a metric has one, over any leading
     dims of independent problems: (..., P, D) x (..., R, D) -> (..., P, R), float32 (float64 if
-    any input is); no centring, unlike pairwise_distance. A problem's
-    values depend on its own tensors only; they equal the elementwise closed forms to round-off
-    (not bit for bit). match_prob, which samples, is not offered."""
+    any input is). Unlike pairwise_distance it does not centre on the gallery mean, so a
+    problem's values depend on its own rows only (a shortlist's padding rows included); they
+    equal the elementwise closed forms to round-off, not bit for bit. match_prob, which
+    samples, is not offered."""
     check_metric(metric)
     if metric == "match_prob":
         raise GaussianInputError("match_prob samples: use pairwise_distance for it")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models.backbones.onnx_backbone import OnnxBackbone
 from models.onnx.parity import ExportError
 
 # The quantized graph's features must keep at least this cosine with the float graph's on the
@@ -32,8 +33,6 @@ def quantize_text_backbone(
     two graphs' features of `examples`, and refuse (ExportError) below MIN_COSINE."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from models.backbones.onnx_backbone import OnnxBackbone
-
     hint = _WithoutPreprocessingHint()
     logging.getLogger().addFilter(hint)
     try:
@@ -41,11 +40,13 @@ def quantize_text_backbone(
             str(graph), str(out), weight_type=QuantType.QInt8, per_channel=True,
             op_types_to_quantize=["MatMul"],
         )  # fmt: skip
+    except Exception as error:  # ONNX Runtime raises its own types for graphs it cannot handle
+        raise ExportError(f"cannot give {graph.name} int8 weights: {error}") from error
     finally:
         logging.getLogger().removeFilter(hint)
     reference = OnnxBackbone(graph, tokenizer=tokenizer).encode(list(examples))
     quantized = OnnxBackbone(out, tokenizer=tokenizer).encode(list(examples))
-    worst = float(min_cosine(reference, quantized))
+    worst = float(row_cosines(reference, quantized).min())
     if worst < MIN_COSINE:
         raise ExportError(
             f"{graph.name} with int8 weights keeps a cosine of only {worst:.3f} with its float "
@@ -64,8 +65,7 @@ class _WithoutPreprocessingHint(logging.Filter):
         return "pre-processing before quantization" not in record.getMessage()
 
 
-def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """The smallest cosine between matching rows of two (N, F) arrays."""
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The cosine between each row of a and the same row of b, (N, F) x (N, F) -> (N,)."""
     dots = (a * b).sum(axis=1)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return float((dots / np.maximum(norms, 1e-12)).min())
+    return dots / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from models.distance.gaussian import (
-    batched_pairwise_distance,
     broadcast_distance,
     elementwise_distance,
+    matmul_pairwise_distance,
 )
 
 # Elements of one block of draw_distances' intermediates (float32: 512 KiB, inside L2): larger
@@ -205,7 +205,7 @@ def draw_distances(
 
     mc_mu, mc_logvar: (L, Q, D) draws; candidate_mu, candidate_logvar: (Q, M, D), each query's
     shortlist -> (L, Q, M). Per query one (L x M) matmul expansion
-    (batched_pairwise_distance), which equals the elementwise forms to float32 round-off and
+    (matmul_pairwise_distance), which equals the elementwise forms to float32 round-off and
     is much faster than them at 16 draws and a shortlist of 100; the draws feed the MI and
     the instability, where that round-off is immaterial. match_prob, which samples, takes the
     elementwise path.
@@ -217,7 +217,7 @@ def draw_distances(
     # values differently with the number of queries beside it, and a query's draws must get
     # the same bits alone as in a micro-batch.
     per_query = [
-        batched_pairwise_distance(
+        matmul_pairwise_distance(
             metric, mc_mu[:, q].contiguous(), mc_logvar[:, q].contiguous(),
             candidate_mu[q], candidate_logvar[q],
         )  # (L, M)

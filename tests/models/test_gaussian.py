@@ -375,14 +375,14 @@ def test_bad_shapes_and_parameters_are_rejected():
 
 
 @pytest.mark.parametrize("metric", [m for m in METRICS if m != "match_prob"])
-def test_batched_pairwise_is_each_problems_elementwise_distance(metric: str) -> None:
+def test_matmul_pairwise_is_each_problems_elementwise_distance(metric: str) -> None:
     """B independent (P x R) problems at once against elementwise_distance of every pair of
     each, in float64 (moderate variances: the expansions' round-off is tested on extremes by
     the pairwise tests above)."""
     mu, logvar = random_gaussians(3 * (4 + 5), 6, seed=11, extreme=False)
     mu_q, mu_g = mu[:12].reshape(3, 4, 6), mu[12:].reshape(3, 5, 6)
     logvar_q, logvar_g = logvar[:12].reshape(3, 4, 6), logvar[12:].reshape(3, 5, 6)
-    got = gaussian.batched_pairwise_distance(metric, mu_q, logvar_q, mu_g, logvar_g)
+    got = gaussian.matmul_pairwise_distance(metric, mu_q, logvar_q, mu_g, logvar_g)
     assert got.shape == (3, 4, 5) and got.dtype == torch.float64
     for b in range(3):
         pairs = all_pairs(mu_q[b], logvar_q[b], mu_g[b], logvar_g[b])
@@ -390,9 +390,9 @@ def test_batched_pairwise_is_each_problems_elementwise_distance(metric: str) -> 
         torch.testing.assert_close(got[b], expected, rtol=1e-9, atol=1e-9)
 
 
-def test_batched_pairwise_refuses_match_prob() -> None:
+def test_matmul_pairwise_refuses_match_prob() -> None:
     mu, logvar = random_gaussians(4, 3, seed=0)
     with pytest.raises(GaussianInputError, match="match_prob samples"):
-        gaussian.batched_pairwise_distance(
+        gaussian.matmul_pairwise_distance(
             "match_prob", mu[None], logvar[None], mu[None], logvar[None]
         )

@@ -23,7 +23,7 @@ from models.onnx import quantize
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.onnx.export import export_model_dir
 from models.onnx.parity import ExportError
-from models.onnx.quantize import min_cosine, quantize_text_backbone
+from models.onnx.quantize import quantize_text_backbone, row_cosines
 from models.training.train import train
 
 CAPTIONS = ["a red apple", "cartoon cat sitting on a fence", "flag of france", "tux penguin"]
@@ -54,14 +54,14 @@ def _op_types(path: Path) -> set[str]:
     return {node.op_type for node in onnx.load(str(path)).graph.node}
 
 
-def test_min_cosine_is_the_smallest_row_cosine() -> None:
+def test_row_cosines_are_each_rows_cosine() -> None:
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
-    by_hand = min(
+    by_hand = [
         float(np.dot(x, y) / np.sqrt(np.dot(x, x) * np.dot(y, y)))
         for x, y in zip(a, b, strict=True)
-    )
-    assert min_cosine(a, b) == pytest.approx(by_hand, rel=1e-12)
+    ]
+    np.testing.assert_allclose(row_cosines(a, b), by_hand, rtol=1e-12)
 
 
 def test_int8_minilm_has_integer_matmuls_and_keeps_its_features(minilm_graph, tmp_path) -> None:
@@ -71,7 +71,7 @@ def test_int8_minilm_has_integer_matmuls_and_keeps_its_features(minilm_graph, tm
     assert "MatMulInteger" in _op_types(out) and "MatMulInteger" not in _op_types(graph)
     float_features = OnnxBackbone(graph, tokenizer).encode(CAPTIONS)
     int8_features = OnnxBackbone(out, tokenizer).encode(CAPTIONS)
-    assert cosine == pytest.approx(min_cosine(float_features, int8_features))
+    assert cosine == pytest.approx(row_cosines(float_features, int8_features).min())
     assert quantize.MIN_COSINE <= cosine < 1.0 - 1e-6  # changed, but little
     assert out.stat().st_size < 0.8 * graph.stat().st_size
 
@@ -106,6 +106,13 @@ def test_an_int8_export_serves_close_to_the_float_one(pretrained_dir, tmp_path) 
         for name, folder in (("float", pretrained_dir), ("int8", int8_dir))
     }
     assert not np.array_equal(served["float"].mu, served["int8"].mu)
-    assert min_cosine(served["float"].mu, served["int8"].mu) > 0.9
+    assert row_cosines(served["float"].mu, served["int8"].mu).min() > 0.9
     assert load_model(int8_dir).config.text_backbone_int8
     assert "MatMulInteger" not in _op_types(int8_dir / IMAGE_ONNX_FILE)  # images stay float
+
+
+def test_a_graph_onnx_runtime_cannot_quantize_is_an_export_error(tmp_path) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    with pytest.raises(ExportError, match=r"cannot give broken\.onnx int8 weights"):
+        quantize_text_backbone(broken, tmp_path / "out.onnx", None, CAPTIONS)
