@@ -204,13 +204,15 @@ def draw_distances(
     """Distance of every MC draw of every query to each of its own candidates.
 
     mc_mu, mc_logvar: (L, Q, D) draws; candidate_mu, candidate_logvar: (Q, M, D), each query's
-    shortlist -> (L, Q, M). Per query one (L x M) matmul expansion
+    shortlist -> (L, Q, M). On the CPU, per query one (L x M) matmul expansion
     (matmul_pairwise_distance), which equals the elementwise forms to float32 round-off and
-    is much faster than them at 16 draws and a shortlist of 100; the draws feed the MI and
-    the instability, where that round-off is immaterial. match_prob, which samples, takes the
-    elementwise path.
+    is 10-29x faster than them at 16 draws and a shortlist of 100; the draws feed the MI and
+    the instability, where that round-off is immaterial. On a GPU the elementwise forms run
+    the whole batch in a few kernels, where a loop over queries would launch kernels per query
+    (11x slower on an H100: benchmarks/results/gpu_check.md). match_prob, which samples, is
+    elementwise everywhere.
     """
-    if metric == "match_prob":
+    if metric == "match_prob" or candidate_mu.device.type != "cpu":
         return _elementwise_draws(metric, mc_mu, mc_logvar, candidate_mu, candidate_logvar)
     mc_mu, mc_logvar = (x.to(candidate_mu.device, torch.float32) for x in (mc_mu, mc_logvar))
     # One matmul per query, never one batched over queries: a batched matmul rounds a query's
@@ -236,11 +238,14 @@ def _elementwise_draws(
     candidate_logvar: torch.Tensor,
 ) -> torch.Tensor:
     """draw_distances by the elementwise closed forms: they broadcast (L, q, 1, D) against
-    (1, q, M, D) for blocks of q queries whose intermediates stay cache-sized
-    (DRAW_BLOCK_ELEMENTS)."""
+    (1, q, M, D), on the CPU for blocks of q queries whose intermediates stay cache-sized
+    (DRAW_BLOCK_ELEMENTS), on a GPU for all the queries at once (each block costs kernel
+    launches). Elementwise, a query's values do not depend on its block."""
     num_draws, num_queries, dim = mc_mu.shape
     per_query = max(1, num_draws * candidate_mu.shape[1] * dim)
     step = max(1, DRAW_BLOCK_ELEMENTS // per_query)
+    if candidate_mu.device.type != "cpu":
+        step = max(1, num_queries)
     mc_mu, mc_logvar = (x.to(candidate_mu.device, torch.float32) for x in (mc_mu, mc_logvar))
     blocks = [
         broadcast_distance(

@@ -78,7 +78,7 @@ def test_the_recorded_runs_are_read_with_their_provenance(results: Path) -> None
     assert [s.items for s in inputs.shards][:1] == [1_000_000] and len(inputs.shards) >= 2
     assert all(s.source.command and s.source.machine and s.source.load for s in inputs.shards)
     assert inputs.bytes_per_item["w2", "ivfsq"][0] == 268
-    assert inputs.rerank_ms == {"cpu": 0.28, "gpu": 0.79}
+    assert inputs.rerank_ms == {"cpu": 0.31, "gpu": 0.6}
     assert inputs.ray_items_per_s == 94
 
 

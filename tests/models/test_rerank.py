@@ -282,6 +282,25 @@ def test_a_querys_draw_distances_do_not_depend_on_the_others() -> None:
             assert torch.equal(together[:, q], alone[:, 0]), (metric, q)
 
 
+def test_draw_distances_off_the_cpu_take_the_elementwise_forms(monkeypatch) -> None:
+    """Off the CPU (a GPU; here torch's shape-only meta device) the draws take the batched
+    elementwise forms, not a loop of per-query matmuls (kernel launches per query); on the
+    CPU the matmul expansion."""
+    import models.scoring.rerank as rerank
+
+    calls = []
+    real = rerank.matmul_pairwise_distance
+    monkeypatch.setattr(
+        rerank, "matmul_pairwise_distance", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    for device, matmuls in (("meta", 0), ("cpu", 3)):
+        mc = torch.zeros(16, 3, D, device=device)
+        cand = torch.zeros(3, 100, D, device=device)
+        got = draw_distances("w2", mc, mc, cand, cand)
+        assert got.shape == (16, 3, 100) and got.device.type == device
+        assert len(calls) == matmuls, device
+
+
 def test_unfamiliar_is_a_strict_log_det_limit_and_none_without_a_gate() -> None:
     log_dets = np.array([-130.0, -120.0, -110.0])
     np.testing.assert_array_equal(unfamiliar(log_dets, -120.0), [False, False, True])
