@@ -109,7 +109,10 @@ class _TextQueries:
                 for a in (out.mc_mu, out.mc_logvar)
             )  # (L, 1, D)
         candidates = (ranked.mu[None], ranked.logvar[None])
-        shortlist_scores(metric, query, mc, candidates, self.temperature, out.identical_draws, True)
+        shortlist_scores(
+            metric, query, mc, candidates, self.temperature, out.identical_draws, True,
+            ranked.distances[None],
+        )  # fmt: skip
         t4 = time.perf_counter()
         index.metadata(ranked.rows[:K].tolist())
         t5 = time.perf_counter()

@@ -205,6 +205,7 @@ def _block_scores(
     whole = len(members) == len(ranked.counts) and count == ranked.mu.shape[1]  # all, in order
     index = slice(None) if whole else torch.as_tensor(members, device=device)
     candidates = (ranked.mu[index, :count], ranked.logvar[index, :count])  # (Q', M, D) each
+    distances = ranked.distances[index, :count]  # (Q', M): the re-rank's, not computed again
 
     def tensor(array: np.ndarray, axis: int) -> torch.Tensor:
         picked = array if whole else np.take(array, members, axis=axis)
@@ -217,7 +218,7 @@ def _block_scores(
     novelty = None if queries.novelty is None else np.take(queries.novelty, members)
     return block_scores(
         metric, query, draws, candidates, temperatures, queries.identical_draws, caption_query,
-        novelty,
+        novelty, distances,
     )  # fmt: skip
 
 
@@ -229,6 +230,7 @@ def shortlist_scores(
     temperature: float,
     identical_draws: bool = False,
     caption_query: bool | None = None,
+    distances: torch.Tensor | None = None,
 ) -> QueryScores:
     """query_scores of Q queries from their embeddings and shortlists, at one temperature.
 
@@ -236,11 +238,13 @@ def shortlist_scores(
     (mu, logvar) (Q, M, D) of each query's shortlist, in its order. identical_draws: every
     draw equals its query (an encoder without dropout), so they are not computed
     (agreeing_draws). caption_query: the queries are captions (True) or images (False);
-    None leaves top_mahalanobis out.
+    None leaves top_mahalanobis out. distances: (Q, M), the re-rank's distances of the
+    candidates, used instead of computing them again.
     """
     (scores,) = block_scores(
-        metric, query, draws, candidates, [temperature], identical_draws, caption_query
-    )
+        metric, query, draws, candidates, [temperature], identical_draws, caption_query,
+        distances=distances,
+    )  # fmt: skip
     return scores
 
 
@@ -253,15 +257,18 @@ def block_scores(
     identical_draws: bool = False,
     caption_query: bool | None = None,
     novelty: np.ndarray | None = None,
+    distances: torch.Tensor | None = None,
 ) -> list[QueryScores]:
     """shortlist_scores at each of `temperatures`, from one computation of the distances;
-    `novelty` (Q,): the queries' novelty from their encoder, passed through."""
+    `novelty` (Q,): the queries' novelty from their encoder, passed through; `distances`
+    (Q, M): the queries' distances to their candidates where the re-rank computed them."""
     if draws is not None and draws[0].shape[0] > 0 and identical_draws:
         alone = block_scores(
-            metric, query, None, candidates, temperatures, False, caption_query, novelty
-        )
+            metric, query, None, candidates, temperatures, False, caption_query, novelty,
+            distances,
+        )  # fmt: skip
         return [agreeing_draws(scores) for scores in alone]
-    distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
+    distances, mc_distances = shortlist_distances(metric, query, draws, candidates, distances)
     mc_mu = None if mc_distances is None or draws is None else draws[0]
     fit = None if caption_query is None else CaptionFit(query[0], candidates, caption_query)
     return scores_at_temperatures(
@@ -282,11 +289,15 @@ def shortlist_distances(
     query: tuple[torch.Tensor, torch.Tensor],
     draws: tuple[torch.Tensor, torch.Tensor] | None,
     candidates: tuple[torch.Tensor, torch.Tensor],
+    distances: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Distances (Q, M) of the queries and (L, Q, M) of their draws (None without draws) to
-    their shortlists: what query_scores needs, computed once for any number of temperatures."""
+    their shortlists: what query_scores needs, computed once for any number of temperatures.
+    `distances` given (the re-rank's, bit for bit what candidate_distances computes) are
+    used as they are."""
     mu, logvar = query
-    distances = candidate_distances(metric, mu, logvar, *candidates)  # (Q, M)
+    if distances is None:
+        distances = candidate_distances(metric, mu, logvar, *candidates)  # (Q, M)
     if draws is None or draws[0].shape[0] == 0:
         return distances, None
     return distances, draw_distances(metric, *draws, *candidates)  # (L, Q, M)

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.distance.gaussian import METRICS, elementwise_distance
-from models.scoring.query_scores import gated, shortlist_scores, unfamiliar
+from models.scoring.query_scores import gated, score_shortlists, shortlist_scores, unfamiliar
 from models.scoring.rerank import (
     candidate_distances,
     distance_params,
@@ -153,6 +154,39 @@ def test_shortlist_scores_of_a_batch_are_each_querys_own(queries, draws, m, metr
         for name, values in alone.available().items():
             assert together.get(name)[q] == values[0], name
         assert together.posterior[q].tolist() == alone.posterior[0].tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 6), st.sampled_from(METRICS), st.integers(0, 2**16))
+def test_score_shortlists_scores_what_a_lone_rerank_then_shortlist_scores_give(
+    queries, draws, metric, seed
+) -> None:
+    """The pipeline's scores, which reuse the re-rank's distances, against each query re-ranked
+    alone (exact_rerank) and scored from scratch on its kept rows (shortlist_scores)."""
+    rng = np.random.default_rng(seed)
+    gallery = gaussians(60, rng)
+    mu, logvar = gaussians(queries, rng)
+    mc = [a.reshape(draws, queries, D) for a in gaussians(queries * draws, rng)]
+    rows = rng.integers(-1, 60, size=(queries, 25))
+    encoded = SimpleNamespace(
+        mu=mu, logvar=logvar, mc_mu=mc[0] if draws else None, mc_logvar=mc[1] if draws else None,
+        identical_draws=False, novelty=None,
+    )  # fmt: skip
+    scored = score_shortlists(metric, encoded, gallery, rows, 10, [0.7], True, CPU)
+    values = scored.values(0.7)
+    for q in range(queries):
+        kept = exact_rerank(metric, mu[q], logvar[q], *gallery, rows[q], 10, CPU).rows
+        if len(kept) == 0:
+            continue
+        candidates = tuple(torch.from_numpy(g[kept][None]) for g in gallery)  # (1, M, D)
+        alone = shortlist_scores(
+            metric, tuple(torch.from_numpy(a[q : q + 1]) for a in (mu, logvar)),
+            tuple(torch.from_numpy(a[:, q : q + 1]) for a in mc) if draws else None,
+            candidates, 0.7, caption_query=True,
+        )  # fmt: skip
+        for name, value in alone.available().items():
+            if name != "out_of_range":
+                assert values[name][q] == value[0], (name, q)
 
 
 @settings(max_examples=40, deadline=None)
