@@ -17,6 +17,9 @@ from models.distance.gaussian import (
 # Elements of one block of draw_distances' intermediates (float32: 512 KiB, inside L2): larger
 # blocks spill to memory and cost more per query than they save.
 DRAW_BLOCK_ELEMENTS = 1 << 17
+# On a GPU each block costs kernel launches, so blocks are as large as memory allows (float32:
+# 256 MiB an intermediate); 64 queries x 16 draws x 100 candidates x D = 256 make one.
+GPU_DRAW_BLOCK_ELEMENTS = 1 << 26
 # Fixed noise for match_prob (a sampled distance), so that the same query ranks the same way.
 MATCH_PROB_SEED = 0
 
@@ -238,14 +241,13 @@ def _elementwise_draws(
     candidate_logvar: torch.Tensor,
 ) -> torch.Tensor:
     """draw_distances by the elementwise closed forms: they broadcast (L, q, 1, D) against
-    (1, q, M, D), on the CPU for blocks of q queries whose intermediates stay cache-sized
-    (DRAW_BLOCK_ELEMENTS), on a GPU for all the queries at once (each block costs kernel
-    launches). Elementwise, a query's values do not depend on its block."""
+    (1, q, M, D) for blocks of q queries: on the CPU blocks whose intermediates stay
+    cache-sized (DRAW_BLOCK_ELEMENTS), on a GPU as large as memory allows
+    (GPU_DRAW_BLOCK_ELEMENTS). Elementwise, a query's values do not depend on its block."""
     num_draws, num_queries, dim = mc_mu.shape
     per_query = max(1, num_draws * candidate_mu.shape[1] * dim)
-    step = max(1, DRAW_BLOCK_ELEMENTS // per_query)
-    if candidate_mu.device.type != "cpu":
-        step = max(1, num_queries)
+    on_cpu = candidate_mu.device.type == "cpu"
+    step = max(1, (DRAW_BLOCK_ELEMENTS if on_cpu else GPU_DRAW_BLOCK_ELEMENTS) // per_query)
     mc_mu, mc_logvar = (x.to(candidate_mu.device, torch.float32) for x in (mc_mu, mc_logvar))
     blocks = [
         broadcast_distance(

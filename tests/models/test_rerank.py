@@ -318,21 +318,28 @@ def test_a_querys_draw_distances_do_not_depend_on_the_others() -> None:
 
 def test_draw_distances_off_the_cpu_take_the_elementwise_forms(monkeypatch) -> None:
     """Off the CPU (a GPU; here torch's shape-only meta device) the draws take the batched
-    elementwise forms, not a loop of per-query matmuls (kernel launches per query); on the
-    CPU the matmul expansion."""
+    elementwise forms in one block for a micro-batch, not a loop of per-query matmuls (kernel
+    launches per query); on the CPU the matmul expansion."""
     import models.scoring.rerank as rerank
 
-    calls = []
-    real = rerank.matmul_pairwise_distance
+    calls = {"matmul": 0, "elementwise": 0}
+
+    def counted(name, real):
+        return lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or real(*a, **k)
+
     monkeypatch.setattr(
-        rerank, "matmul_pairwise_distance", lambda *a, **k: calls.append(1) or real(*a, **k)
+        rerank, "matmul_pairwise_distance", counted("matmul", rerank.matmul_pairwise_distance)
     )
-    for device, matmuls in (("meta", 0), ("cpu", 3)):
-        mc = torch.zeros(16, 3, D, device=device)
-        cand = torch.zeros(3, 100, D, device=device)
+    monkeypatch.setattr(
+        rerank, "broadcast_distance", counted("elementwise", rerank.broadcast_distance)
+    )
+    for device, matmuls, blocks in (("meta", 0, 1), ("cpu", 64, 0)):
+        calls.update(matmul=0, elementwise=0)
+        mc = torch.zeros(16, 64, 256, device=device)  # 16 draws of 64 queries, D = 256
+        cand = torch.zeros(64, 100, 256, device=device)
         got = draw_distances("w2", mc, mc, cand, cand)
-        assert got.shape == (16, 3, 100) and got.device.type == device
-        assert len(calls) == matmuls, device
+        assert got.shape == (16, 64, 100) and got.device.type == device
+        assert calls == {"matmul": matmuls, "elementwise": blocks}, device
 
 
 def test_unfamiliar_is_a_strict_log_det_limit_and_none_without_a_gate() -> None:
