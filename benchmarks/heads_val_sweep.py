@@ -80,11 +80,15 @@ def effective_configs(run: Run, seed: int, epochs: int) -> tuple[ModelConfig, Tr
     return model, training, json.loads(json.dumps(configs))  # tuples as the saved lists
 
 
-def run_seed(data: Path, out: Path, run: Run, seed: int, epochs: int) -> dict:
+def run_seed(
+    data: Path, out: Path, run: Run, seed: int, epochs: int, key: dict | None = None
+) -> dict:
     """Train one variant and seed into `out` and read its val figures, cached beside it and
-    reused only for the same effective configs (so a changed default retrains)."""
+    reused only for the same effective configs (so a changed default retrains) and `key`
+    (what else the caller changed about the training)."""
     cached = out / "val_figures.json"
     model, training, configs = effective_configs(run, seed, epochs)
+    configs |= key or {}
     if cached.is_file() and json.loads(cached.read_text()).get("configs") == configs:
         return json.loads(cached.read_text())
     torch.set_num_threads(1)
