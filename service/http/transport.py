@@ -97,7 +97,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
         self._requests += 1
+        previous = self.cycle
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle is not previous:  # not an upgrade
+            self.cycle.transport = HeadWithBody(self.transport, self.loop)  # before its task runs
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -116,6 +119,41 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class HeadWithBody:
+    """A response's transport that sends its head together with the body's first bytes.
+
+    uvicorn writes a response's status line and headers, then its body, in two writes, and each
+    is a send() of its own: two system calls and two TCP segments for the client to wake up
+    for, where a JSON answer fits in one. The head is held until the next write, or until the
+    loop's next turn when none comes in this one (a HEAD request, a 204), and before a close.
+    Everything else is the connection's transport."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._held: bytes | None = None
+        self._first = True
+
+    def write(self, data: bytes) -> None:
+        if self._first:  # the head (or a 100 Continue, which the next turn sends)
+            self._first, self._held = False, data
+            self._loop.call_soon(self.flush)
+            return
+        held, self._held = self._held, None
+        self._transport.write(data if held is None else held + data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
