@@ -78,6 +78,32 @@ def test_a_correction_is_a_known_word_one_edit_away_and_none_means_there_is_none
         assert correction in near
 
 
+def norvig_correction(word: str, known: set[str]) -> str | None:
+    """The reference: generate every string one edit from `word` (a letter deleted, two
+    neighbours transposed, a letter replaced by a-z, an a-z letter inserted), look each kind
+    up in turn, and take the alphabetically first known word of the first kind that has one."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    kinds = (
+        {a + b[1:] for a, b in splits if b},
+        {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1 and b[0] != b[1]},
+        {a + c + b[1:] for a, b in splits if b for c in letters if c != b[0]},
+        {a + c + b for a, b in splits for c in letters},
+    )
+    for edits in kinds:
+        if found := sorted(edits & known):
+            return found[0]
+    return None
+
+
+MIXED = st.text(alphabet="abcd1", min_size=0, max_size=6)
+
+
+@given(MIXED, st.sets(MIXED, max_size=40))
+def test_the_correction_is_the_one_generating_every_edit_finds(word: str, known: set[str]) -> None:
+    assert KnownWords(known).correction(word) == norvig_correction(word, known)
+
+
 def test_typos_are_corrected_dropped_letters_first() -> None:
     assert KNOWN.check("redd circel").suggestion == "red circle"
     assert KNOWN.check("a bleu sqare").suggestion == "a blue square"
