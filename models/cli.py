@@ -40,11 +40,19 @@ def config_options(*configs: type) -> list[inspect.Parameter]:
             field.name,
             inspect.Parameter.KEYWORD_ONLY,
             default=field.default,
-            annotation=Annotated[type(field.default), typer.Option(help=option.help)],
+            annotation=Annotated[_option_type(config, field), typer.Option(help=option.help)],
         )
         for config in configs
         for field, option in option_fields(config)
     ]
+
+
+def _option_type(config: type, field: dataclasses.Field) -> Any:
+    """The default's type (a Literal field is a str option), or the declared one (`float |
+    None`) for a field whose default is None: a value the config fills in itself."""
+    if field.default is not None:
+        return type(field.default)
+    return typing.get_type_hints(config)[field.name]
 
 
 def with_config_options(

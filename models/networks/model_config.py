@@ -521,7 +521,11 @@ class TrainConfig:
     vib_beta: Annotated[
         float, Option("weight of KL(N(mu, sigma^2) || N(0, I)) per Gaussian modality")
     ] = 0.0
-    uniformity_weight: Annotated[float, Option("weight of the uniformity loss on the means")] = 0.0
+    # None: PCME's own weight for pcme, 0 otherwise (models.objectives.uniformity_weight).
+    uniformity_weight: Annotated[
+        float | None,
+        Option("weight of the uniformity loss on the means (not given: 0.1 for pcme, else 0)"),
+    ] = None
     match_samples: Annotated[int, Option("J of PCME's J x J sampled match probability")] = 7
     # Adam lr of the match probability's a and b (pcme, pcmepp); None: PCME++'s 0.05, PCME at
     # the encoders' lr (models.objectives.match_learning_rate).
@@ -627,7 +631,7 @@ class TrainConfig:
             raise ConfigError(
                 f"unknown positives {self.positives!r}; choose one of {', '.join(POSITIVES)}"
             )
-        weights = (self.vib_beta, self.uniformity_weight, self.pseudo_positive_weight,
+        weights = (self.vib_beta, self.uniformity_weight or 0.0, self.pseudo_positive_weight,
                    self.div_weight, self.mmd_weight, self.label_weight,
                    self.attribute_weight, self.counterfactual_weight)  # fmt: skip
         if min(weights) < 0:

@@ -49,6 +49,43 @@ def test_uniformity_matches_a_loop() -> None:
     assert uniformity_loss(mu).item() == pytest.approx(math.log(sum(terms) / len(terms)))
 
 
+def _loop_uniformity(mu: torch.Tensor) -> float:
+    n = len(mu)
+    terms = [math.exp(-2 * float(((mu[i] - mu[j]) ** 2).sum())) for i in range(n) for j in range(n)]
+    return math.log((sum(terms) - n) / (n * (n - 1)))  # the diagonal's n terms are exp(0)
+
+
+@pytest.mark.parametrize(
+    ("training", "weight"),
+    [
+        ({"objective": "pcme"}, 0.1),  # PCME's own term, chosen on shapes val
+        ({"objective": "pcme", "uniformity_weight": 0.0}, 0.0),
+        ({"objective": "pcme", "uniformity_weight": 2.0}, 2.0),
+        ({"objective": "pcmepp"}, 0.0),  # PCME++ has none
+        ({"objective": "hinge"}, 0.0),
+        ({"objective": "hinge", "uniformity_weight": 0.5}, 0.5),
+    ],
+)
+def test_the_uniformity_term_is_added_with_its_objectives_weight(
+    training: dict, weight: float
+) -> None:
+    mu_i, lv_i = (t.float() for t in gaussians(3, 4, 11))
+    mu_c, lv_c = (t.float() for t in gaussians(4, 4, 12))
+    owner = torch.tensor([0, 1, 2, 2])
+    own = torch.arange(3)[:, None] == owner[None, :]
+    batch = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own)
+    config, match = ModelConfig(metric="cosine"), (torch.tensor(5.0), torch.tensor(7.0))
+
+    def loss(config_training: TrainConfig) -> float:
+        generator = torch.Generator().manual_seed(0)  # PCME's sampled match probability
+        return batch_loss(batch, config, config_training, match, "sum", generator).item()
+
+    without = loss(TrainConfig(**{**training, "uniformity_weight": 0.0}))
+    added = loss(TrainConfig(**training)) - without
+    expected = weight * _loop_uniformity(torch.cat([mu_i, mu_c]).double())
+    assert added == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 def test_log1mexp_is_accurate_at_both_ends() -> None:
     x = torch.tensor([1e-10, 1e-3, 0.5, 0.7, 5.0, 40.0], dtype=torch.float64)
     expected = [math.log(-math.expm1(-v)) for v in x.tolist()]

@@ -1,6 +1,7 @@
 """`probsearch train`'s options are the fields of ModelConfig and TrainConfig annotated with
 Option, plus the command's own: same names, types, defaults and help, none restated by hand."""
 
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +21,16 @@ def train_command(application: typer.Typer) -> Any:
     return group.get_command(typer.Context(group), "train")
 
 
+def _value_type(field: Any) -> type:
+    """The type of a field's value: its default's, or for a None default (a value the config
+    fills in itself) the declared type's other member (float of `float | None`)."""
+    if field.default is not None:
+        return type(field.default)
+    config = next(c for c in CONFIGS if field.name in c.__dataclass_fields__)
+    declared = typing.get_args(typing.get_type_hints(config)[field.name])
+    return next(t for t in declared if t is not type(None))
+
+
 def option_problems(command: Any, configs: tuple[type, ...]) -> list[str]:
     """What differs between the command's options and the option fields of `configs`."""
     params = {p.name: p for p in command.params if p.name != "help"}
@@ -30,7 +41,7 @@ def option_problems(command: Any, configs: tuple[type, ...]) -> list[str]:
     for name in sorted(set(fields) & set(params)):
         (field, option), param = fields[name], params[name]
         offered = (param.opts[0], param.type_descriptor.annotation, param.default, param.help)
-        wanted = (f"--{name.replace('_', '-')}", type(field.default), field.default, option.help)
+        wanted = (f"--{name.replace('_', '-')}", _value_type(field), field.default, option.help)
         if offered != wanted:
             problems.append(f"--{name}: {offered} != {wanted}")
     return problems
