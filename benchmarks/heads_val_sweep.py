@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.model_comparison import PRETRAINED_RUNS, RUNS, Run
+from benchmarks.model_comparison import PRETRAINED_RUNS, RUNS, Run, effective_configs
 from models.evaluation.evaluate import EvalConfig, evaluate_model
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
@@ -70,14 +70,6 @@ def parse_variant(spec: str, base_runs: tuple[Run, ...]) -> Run:
         else:
             raise SystemExit(f"--variant {spec!r}: {key!r} is no ModelConfig or TrainConfig field")
     return dataclasses.replace(base, name=name, model=model, training=training)
-
-
-def effective_configs(run: Run, seed: int, epochs: int) -> tuple[ModelConfig, TrainConfig, dict]:
-    """The run's configs for one seed, and every field of both as JSON (the cache's key)."""
-    model = ModelConfig(**run.model)
-    training = TrainConfig(**{**run.training, "epochs": epochs, "seed": seed})
-    configs = {"model": dataclasses.asdict(model), "training": dataclasses.asdict(training)}
-    return model, training, json.loads(json.dumps(configs))  # tuples as the saved lists
 
 
 def run_seed(

@@ -74,6 +74,15 @@ class Run:
     reference: str = "vse"  # the point model it is judged against beside vse: same trunk
 
 
+def effective_configs(run: Run, seed: int, epochs: int) -> tuple[ModelConfig, TrainConfig, dict]:
+    """The run's configs for one seed, and every field of both as JSON: what a trained model is
+    cached under, so that a changed default (not only a changed override) trains it again."""
+    model = ModelConfig(**run.model)
+    training = TrainConfig(**{**run.training, "epochs": epochs, "seed": seed})
+    configs = {"model": asdict(model), "training": asdict(training)}
+    return model, training, json.loads(json.dumps(configs))  # tuples as the saved lists
+
+
 # The models compared: name, ModelConfig overrides, TrainConfig overrides, the metric it is
 # ranked with, other metrics it is also ranked with. Every run gets the same data, seeds and budget.
 # fmt: off
@@ -292,11 +301,8 @@ def train_run(run: Run, data: Path, work: Path, args: argparse.Namespace, seed: 
     with the same settings. Returns {"dir", "seconds", "best_epoch", "epochs_run", "reused"}."""
     out = work / "models" / run.name / f"seed{seed}"
     marker = out / "comparison.json"
-    settings = {
-        "model": run.model,
-        "training": {**run.training, "epochs": args.epochs, "seed": seed},
-        "data": data_settings(args),
-    }
+    model, training, configs = effective_configs(run, seed, args.epochs)
+    settings = {**configs, "data": data_settings(args)}
     saved = reusable(marker, settings)
     if saved is not None and (out / "text_encoder.onnx").is_file():
         return {**saved, "dir": str(out), "reused": True}
@@ -306,8 +312,8 @@ def train_run(run: Run, data: Path, work: Path, args: argparse.Namespace, seed: 
     result = train(
         data,
         out,
-        ModelConfig(**run.model),
-        TrainConfig(**settings["training"]),
+        model,
+        training,
         progress=False,
         log=lambda line: print(f"  {run.name} s{seed} {line}", flush=True),
     )
