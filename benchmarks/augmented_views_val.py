@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -36,6 +37,7 @@ from models.backbones.feature_cache import split_features
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset
 from models.networks.preprocess import load_image
+from models.threads import available_cpus
 from models.training import train as train_module
 from models.training.training_data import captioned_images
 
@@ -76,9 +78,7 @@ def view_features(data: Path, views: int, work: Path) -> np.ndarray:
     records = captioned_images(dataset.split("train"))
     out = np.empty((views, len(records), plain.shape[1]), np.float32)
     out[0] = plain[[row_of[r.id] for r in records]]
-    encode = backbone.onnx_runner(max(1, os.cpu_count() or 1))
-    from tqdm import tqdm
-
+    encode = backbone.onnx_runner(available_cpus())
     for view in range(1, views):
         rng = np.random.default_rng([view, 20261128])
         for start in tqdm(range(0, len(records), 64), desc=f"view {view}"):
