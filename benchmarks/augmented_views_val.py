@@ -31,7 +31,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import heads_val_sweep
-from benchmarks.heads_val_sweep import FIGURES, cell, parse_variant
+from benchmarks.heads_val_sweep import FIGURES, cell, figure_digits, parse_variant
 from benchmarks.model_comparison import PRETRAINED_RUNS, Run
 from models.backbones.feature_cache import split_features
 from models.backbones.registry import load_backbone
@@ -174,7 +174,7 @@ def main() -> None:
     for label, _ in arms:
         rows = [results[(label, seed)] for seed in seeds]
         cells = [cell([r["best_epoch"] for r in rows])] + [
-            cell([r[f] for r in rows]) for f in FIGURES
+            cell([r[f] for r in rows], figure_digits(f)) for f in FIGURES
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     args.out.write_text("\n".join(lines) + "\n")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -38,7 +39,9 @@ from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ("i2t_P@1", "i2t_R-P", "t2i_P@1", "t2i_R-P", "val_score")
+# t2i_log-det_rho: Spearman of the captions' log-det with ln(#plausible drawings); NaN for a
+# point model, whose log-det is one constant.
+FIGURES = ("i2t_P@1", "i2t_R-P", "t2i_P@1", "t2i_R-P", "val_score", "t2i_log-det_rho")
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -81,8 +84,10 @@ def run_seed(
     cached = out / "val_figures.json"
     model, training, configs = effective_configs(run, seed, epochs)
     configs |= key or {}
-    if cached.is_file() and json.loads(cached.read_text()).get("configs") == configs:
-        return json.loads(cached.read_text())
+    if cached.is_file():
+        saved = json.loads(cached.read_text())
+        if saved.get("configs") == configs and all(name in saved for name in FIGURES):
+            return saved
     torch.set_num_threads(1)
     start = time.time()
     result = train(data, out, model, training, progress=False, log=lambda _: None)
@@ -94,13 +99,21 @@ def run_seed(
         retrieval = report["metrics"][run.metric][direction]["retrieval"]
         figures[f"{direction}_P@1"] = retrieval["P@1"]
         figures[f"{direction}_R-P"] = retrieval["r_precision"]
+    ambiguity = report["metrics"][run.metric]["t2i"]["ambiguity_spearman"]
+    figures["t2i_log-det_rho"] = ambiguity.get("log_det", math.nan)
     cached.write_text(json.dumps(figures, indent=1) + "\n")
     return figures
 
 
-def cell(values: list[float]) -> str:
+def cell(values: list[float], digits: int = 1) -> str:
+    if any(math.isnan(v) for v in values):
+        return "n/a"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.1f} ± {sd:.1f}"
+    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
+
+
+def figure_digits(name: str) -> int:
+    return 2 if name.endswith("rho") else 1
 
 
 def write_table(out: Path, args: argparse.Namespace, runs: list[Run], results: dict) -> None:
@@ -120,7 +133,7 @@ def write_table(out: Path, args: argparse.Namespace, runs: list[Run], results: d
     for run in runs:
         seeds = [results[run.name, s] for s in args.seeds]
         settings = ", ".join(f"{k}={v}" for k, v in {**run.model, **run.training}.items())
-        cells = [cell([r[f] for r in seeds]) for f in FIGURES]
+        cells = [cell([r[f] for r in seeds], figure_digits(f)) for f in FIGURES]
         epochs = ", ".join(str(r["best_epoch"]) for r in seeds)
         lines.append(f"| {run.name} | {settings} | " + " | ".join(cells) + f" | {epochs} |")
     out.write_text("\n".join(lines) + "\n")

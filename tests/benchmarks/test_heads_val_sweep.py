@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.heads_val_sweep import effective_configs, parse_variant, run_seed
-from benchmarks.model_comparison import PRETRAINED_RUNS, RUNS
+from benchmarks.heads_val_sweep import FIGURES, parse_variant, run_seed
+from benchmarks.model_comparison import PRETRAINED_RUNS, RUNS, effective_configs
 from models.datasets.records import DatasetError
 
 
@@ -39,10 +39,15 @@ def test_an_unknown_run_or_setting_is_refused(spec: str) -> None:
 def test_cached_figures_are_reused_only_for_the_same_effective_configs(tmp_path: Path) -> None:
     run = parse_variant("pcme", RUNS)
     _, _, configs = effective_configs(run, seed=1, epochs=3)
-    cached = {"configs": configs, "val_score": 12.5}
+    cached = {"configs": configs} | dict.fromkeys(FIGURES, 12.5)
     (tmp_path / "val_figures.json").write_text(json.dumps(cached))
     missing = tmp_path / "no-dataset"  # training would fail on it
     assert run_seed(missing, tmp_path, run, 1, 3) == cached
+
+    without_rho = {k: v for k, v in cached.items() if k != "t2i_log-det_rho"}
+    (tmp_path / "val_figures.json").write_text(json.dumps(without_rho))  # an older figure set
+    with pytest.raises(DatasetError, match="no-dataset"):
+        run_seed(missing, tmp_path, run, 1, 3)
 
     configs["training"]["match_lr"] = 0.05  # made under another default: train again
     (tmp_path / "val_figures.json").write_text(json.dumps({**cached, "configs": configs}))
