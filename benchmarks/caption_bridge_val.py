@@ -21,25 +21,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from heads_val_sweep import cell
+from reject_combination import nauprc
 from result_header import result_header, write_results
 
 from models.backbones.feature_cache import split_features
 from models.backbones.registry import load_backbone
 from models.datasets.records import PairedDataset, load_dataset, plausible_match_matrix
 from models.evaluation.evaluate import EvalConfig, embed_split
-from models.evaluation.rejection_metrics import (
-    normalized_auprc,
-    oracle_rejection,
-    precision_coverage,
-    random_rejection,
-)
 
 
 def features(dataset: PairedDataset, split: str, kind: str, spec: str) -> torch.Tensor:
@@ -84,13 +79,6 @@ def precision_at_1(similarity: torch.Tensor, plausible: np.ndarray) -> tuple[flo
     return 100 * float(t2i), 100 * float(i2t)
 
 
-def nauprc(uncertainty: torch.Tensor, correct: np.ndarray) -> float:
-    values = uncertainty.numpy()
-    curve = precision_coverage(values, correct).precision.mean()
-    oracle = oracle_rejection(correct).precision.mean()
-    return normalized_auprc(curve, random_rejection(correct).precision.mean(), oracle)
-
-
 def rejection(heads: torch.Tensor, bridge: torch.Tensor, plausible: np.ndarray, weight: float):
     """nAUPRC of the top answer's heads distance alone, and with the bridge's disagreement with
     that answer added at `weight`, for caption queries (t2i) and drawing queries (i2t)."""
@@ -101,8 +89,9 @@ def rejection(heads: torch.Tensor, bridge: torch.Tensor, plausible: np.ndarray, 
         pair = (queries, top) if dim == 1 else (top, queries)
         correct = plausible[pair[0].numpy(), pair[1].numpy()]
         distance, disagreement = 1 - best, 1 - bridge[pair]
-        figures[f"{direction} reject: distance"] = nauprc(distance, correct)
-        figures[f"{direction} reject: + bridge"] = nauprc(distance + weight * disagreement, correct)
+        combined = distance + weight * disagreement
+        figures[f"{direction} reject: distance"] = nauprc(distance.numpy(), correct)
+        figures[f"{direction} reject: + bridge"] = nauprc(combined.numpy(), correct)
     return figures
 
 
@@ -126,11 +115,6 @@ def seed_figures(model: Path, dataset: PairedDataset, bridge: Bridge, args) -> d
         t2i, i2t = precision_at_1(similarity, plausible)
         figures |= {f"{name}: t2i P@1": t2i, f"{name}: i2t P@1": i2t}
     return figures | rejection(heads, bridged, plausible, args.weight)
-
-
-def cell(values: list[float], digits: int) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
 def main() -> None:
