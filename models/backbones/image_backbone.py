@@ -23,12 +23,13 @@ from models.networks.preprocess import backbone_pixels
 # photograph of a cat a cat (tests/models/test_backbones.py); with (pixel - 127) / 128 it does not.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+NETWORK = "efficientnet-lite0"  # efficientnet-lite-pytorch's name for the architecture
 
 
 class EfficientNetLite0(nn.Module):
     """uint8 pixels (N, 3, 224, 224) -> features (N, 1280) float32; frozen, in eval mode."""
 
-    name = "efficientnet-lite0"
+    name = NETWORK
     image_size = 224
     dim = 1280
 
@@ -39,7 +40,7 @@ class EfficientNetLite0(nn.Module):
 
         weights = EfficientnetLite0ModelFile.get_model_file_path()
         self.weights_path = Path(weights)
-        network = EfficientNet.from_pretrained(self.name, weights_path=weights)
+        network = EfficientNet.from_pretrained(NETWORK, weights_path=weights)
         network.set_swish(memory_efficient=False)  # the plain form traces into ONNX
         self.network = network.eval().requires_grad_(False)
         self.register_buffer("mean", 255 * torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1))

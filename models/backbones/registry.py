@@ -18,7 +18,10 @@ from models.networks.model_config import TOKENIZER_FILE, ConfigError
 from models.threads import ThreadBudget
 
 Modality = Literal["image", "text"]
-SHIPPED = {"image": "efficientnet-lite0", "text": "all-minilm-l6-v2"}
+SHIPPED = {
+    "image": ("efficientnet-lite0", "efficientnet-lite0-style"),
+    "text": ("all-minilm-l6-v2",),
+}
 
 
 @dataclass
@@ -67,25 +70,27 @@ def _grey():
 
 
 def load_backbone(spec: str, modality: Modality) -> Backbone:
-    """The backbone `spec` names: "efficientnet-lite0", "all-minilm-l6-v2", or an .onnx path
-    (a text graph reads the tokenizer.json beside it)."""
-    if spec == SHIPPED[modality]:
-        return _shipped(modality)
-    if spec in SHIPPED.values():
-        raise ConfigError(f"{spec} is a{'n image' if modality == 'text' else ' text'} backbone")
+    """The backbone `spec` names: one of SHIPPED (efficientnet-lite0, efficientnet-lite0-style,
+    all-minilm-l6-v2), or an .onnx path (a text graph reads the tokenizer.json beside it)."""
+    if spec in SHIPPED[modality]:
+        return _shipped(spec, modality)
+    other = "text" if modality == "image" else "image"
+    if spec in SHIPPED[other]:
+        raise ConfigError(f"{spec} is a{'n image' if other == 'image' else ' text'} backbone")
     path = Path(spec)
     if path.suffix != ".onnx":
-        raise ConfigError(
-            f"unknown {modality} backbone {spec!r}: name {SHIPPED[modality]} or an .onnx file"
-        )
+        names = ", ".join(SHIPPED[modality])
+        raise ConfigError(f"unknown {modality} backbone {spec!r}: name {names} or an .onnx file")
     return _onnx(path, modality)
 
 
-def _shipped(modality: Modality) -> Backbone:
+def _shipped(name: str, modality: Modality) -> Backbone:
     if modality == "image":
         from models.backbones.image_backbone import EfficientNetLite0
+        from models.backbones.style_backbone import EfficientNetLite0Style
 
-        image = EfficientNetLite0()
+        style = name == EfficientNetLite0Style.name
+        image = EfficientNetLite0Style() if style else EfficientNetLite0()
         key = f"{image.name}-{weights_fingerprint(image.weights_path)}"
         return Backbone(modality, key, image.dim, image, image, image_size=image.image_size)
     from models.backbones.text_backbone import MAX_TOKENS, MiniLM
