@@ -28,7 +28,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -995,6 +995,11 @@ def parse_args() -> argparse.Namespace:
         "--backbones", action="store_true",
         help="heads on the pretrained backbones (clip art; docs/results-clipart-backbones.md)",
     )  # fmt: skip
+    parser.add_argument(
+        "--image-backbone",
+        help="with --backbones: every run's image backbone (default: the runs' own, "
+        f"{BACKBONES['image_backbone']})",
+    )
     parser.add_argument("--work-dir", type=Path, help="default: runs/model_comparison[_clipart]")
     parser.add_argument("--doc", type=Path, help="default: docs/results.md or results-clipart.md")
     parser.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img")
@@ -1002,10 +1007,12 @@ def parse_args() -> argparse.Namespace:
     clipart = args.dataset == "clipart"
     if args.backbones and not clipart:
         parser.error("--backbones goes with --dataset clipart")
+    if args.image_backbone and not args.backbones:
+        parser.error("--image-backbone goes with --backbones")
     name = "_clipart" * clipart + "_backbones" * args.backbones
     args.work_dir = args.work_dir or ROOT / "runs" / f"model_comparison{name}"
     args.doc = args.doc or ROOT / "docs" / f"results{name.replace('_', '-')}.md"
-    args.plot_name = f"rejection{name.replace('_', '-')}.png"
+    args.plot_name = f"rejection{args.doc.stem.removeprefix('results')}.png"
     args.command = " ".join([COMMAND, *sys.argv[1:]])
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -1013,8 +1020,17 @@ def parse_args() -> argparse.Namespace:
     unknown = set(names) - {r.name for r in runs}
     if unknown or not args.seeds:
         parser.error(f"unknown runs {sorted(unknown)}" if unknown else "--seeds is empty")
-    args.selected = [r for r in runs if not names or r.name in names]
+    args.selected = [
+        with_image_backbone(r, args.image_backbone) for r in runs if not names or r.name in names
+    ]
     return args
+
+
+def with_image_backbone(run: Run, image_backbone: str | None) -> Run:
+    """The run with `image_backbone` in place of its own (unchanged when None)."""
+    if image_backbone is None:
+        return run
+    return replace(run, model={**run.model, "image_backbone": image_backbone})
 
 
 def timed(function: Callable[[], Any]) -> tuple[Any, float]:
