@@ -51,6 +51,10 @@ def demo(
         typer.Option(help="The shapes lab (exact ambiguity ground truth) instead of clip art."),
     ] = False,
     small: Annotated[bool, typer.Option(help="A reduced shapes build (CI, a quick look).")] = False,
+    image_backbone: Annotated[
+        str | None,
+        typer.Option(help="Clip art: the heads' image backbone, e.g. efficientnet-lite0-style."),
+    ] = None,
     examples_only: Annotated[
         bool, typer.Option(help="Stop after the example queries instead of serving on.")
     ] = False,
@@ -72,6 +76,7 @@ def demo(
         SMALL_PLAN,
         build_demo,
         run_examples,
+        with_image_backbone,
     )
 
     try:
@@ -83,6 +88,8 @@ def demo(
             typer.echo(f"no Redis answers at {url}: running without it (pointer files, no cache)")
             url = None
         plan = SMALL_PLAN if small else SHAPES_PLAN if shapes else CLIPART_PLAN
+        if image_backbone is not None:
+            plan = with_image_backbone(plan, image_backbone)
         # The clip-art build runs the backbones over every drawing, the only work on the
         # machine while it builds: it takes every core unless PROBSEARCH_THREADS says otherwise.
         cores = available_cpus() if plan.dataset == "clipart" else None

@@ -15,7 +15,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from indexer.calibration_inheritance import active_manifest
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
 from indexer.threads import apply_thread_budget
+from models.backbones.registry import SHIPPED
 from models.datasets.clipart import DATASET_NAME as CLIPART_NAME
 from models.datasets.clipart import LIBRARY, write_clipart
 from models.datasets.photos import write_photos
@@ -82,6 +83,9 @@ class DemoPlan:
     # MC draws for calibration; a model without dropout draws its one embedding every time,
     # so two draws (the fewest the draw scores need) give the scores sixteen would.
     mc_samples: int = 16 if DEMO_TRUNK["dropout"] > 0 else 2
+    # clip art: the image backbone the heads read; efficientnet-lite0-style adds the network's
+    # stage statistics (docs/pretrained.md), not yet the served default
+    image_backbone: str = "efficientnet-lite0"
 
 
 SHAPES_PLAN = DemoPlan()
@@ -132,6 +136,17 @@ DEMO_OUTLIER_RANKING = 1.0
 DEMO_ATTRIBUTES = 100.0
 
 
+def with_image_backbone(plan: DemoPlan, image_backbone: str) -> DemoPlan:
+    """The clip-art plan with its heads on another image backbone: a shipped one by name or an
+    ONNX image graph by path; ValueError for the shapes lab, which has no backbone."""
+    if plan.dataset != "clipart":
+        raise ValueError("--image-backbone goes with the clip-art demo, not the shapes lab")
+    if image_backbone not in SHIPPED["image"] and not image_backbone.endswith(".onnx"):
+        names = ", ".join(SHIPPED["image"])
+        raise ValueError(f"unknown image backbone {image_backbone!r}: {names} or an .onnx file")
+    return replace(plan, image_backbone=image_backbone)
+
+
 def demo_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
     """The recipe of the plan's dataset (clipart_model or shapes_model)."""
     return clipart_model(plan) if plan.dataset == "clipart" else shapes_model(plan)
@@ -151,7 +166,7 @@ def clipart_model(plan: DemoPlan) -> tuple[ModelConfig, TrainConfig]:
     model = ModelConfig(
         model_type="gcie", metric="cosine", embed_dim=plan.embed_dim, variance_reads_only=True,
         variance_reads_backbone=True, name="probsearch-clipart", text_backbone_int8=True,
-        **BACKBONES,
+        **{**BACKBONES, "image_backbone": plan.image_backbone},
     )  # fmt: skip
     training = TrainConfig(
         epochs=plan.epochs, patience=plan.patience, variance_objective="plausible_count",

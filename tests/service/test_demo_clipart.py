@@ -8,12 +8,24 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from models.command_line import EXIT_BAD_INPUT
 from models.datasets.clipart import LIBRARY
 from models.networks.model_config import ModelConfig
 from models.settings import Settings
 from probsearch.background_server import BackgroundServer
-from probsearch.demo import CLIPART_PLAN, DemoPaths, build_demo, run_examples
+from probsearch.cli import app
+from probsearch.demo import (
+    CLIPART_PLAN,
+    SHAPES_PLAN,
+    DemoPaths,
+    _stage_keys,
+    build_demo,
+    demo_model,
+    run_examples,
+    with_image_backbone,
+)
 
 FOLDERS = ("containers", "science", "decorations", "electronics")  # about 100 drawings
 
@@ -57,3 +69,34 @@ def test_the_examples_are_drawings_and_answers_carry_mutual_information(built) -
     assert "# text -> images" in shown and "clipart-" in shown
     assert "nothing like the drawings it knows" in shown
     assert body["query"]["mutual_information"] > 0
+
+
+def test_another_image_backbone_changes_the_recipe_and_retrains_only_from_the_model() -> None:
+    style = with_image_backbone(CLIPART_PLAN, "efficientnet-lite0-style")
+    model, _ = demo_model(style)
+    assert model.image_backbone == "efficientnet-lite0-style"
+    assert demo_model(CLIPART_PLAN)[0].image_backbone == "efficientnet-lite0"
+    plain_keys, style_keys = _stage_keys(CLIPART_PLAN), _stage_keys(style)
+    assert plain_keys["data"] == style_keys["data"]  # the drawings are not rendered again
+    assert plain_keys["model"] != style_keys["model"]
+
+
+@pytest.mark.parametrize(
+    ("plan", "backbone", "message"),
+    [
+        (SHAPES_PLAN, "efficientnet-lite0-style", "not the shapes lab"),
+        (CLIPART_PLAN, "resnet-50", "unknown image backbone 'resnet-50'"),
+    ],
+)
+def test_the_shapes_lab_and_unknown_backbones_are_refused(plan, backbone, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        with_image_backbone(plan, backbone)
+
+
+def test_the_cli_refuses_a_backbone_for_the_shapes_lab_in_one_line(tmp_path) -> None:
+    result = CliRunner().invoke(
+        app, ["demo", "--shapes", "--image-backbone", "efficientnet-lite0-style",
+              "--cache-dir", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "not the shapes lab" in result.output and "Traceback" not in result.output
