@@ -179,14 +179,25 @@ class Artifacts:
     gallery_logvar: np.ndarray
 
 
-def demo_artifacts(demo_dir: Path, quick: bool, plan_name: str = "shapes") -> Artifacts:
+def demo_artifacts(
+    demo_dir: Path, quick: bool, plan_name: str = "shapes", image_backbone: str | None = None
+) -> Artifacts:
     """Build (or reuse) the demo's data, model and calibrated indexes in demo_dir: the shapes
-    lab (SMALL_PLAN when quick) or the clip-art demo on the pretrained backbones."""
+    lab (SMALL_PLAN when quick) or the clip-art demo on the pretrained backbones (its heads on
+    `image_backbone` when one is named, as `probsearch demo --image-backbone` builds it)."""
     from indexer.registry import ActiveRegistry
     from models.threads import configure_torch_threads
-    from probsearch.demo import CLIPART_PLAN, SHAPES_PLAN, SMALL_PLAN, build_demo
+    from probsearch.demo import (
+        CLIPART_PLAN,
+        SHAPES_PLAN,
+        SMALL_PLAN,
+        build_demo,
+        with_image_backbone,
+    )
 
     plan = CLIPART_PLAN if plan_name == "clipart" else SMALL_PLAN if quick else SHAPES_PLAN
+    if image_backbone is not None:
+        plan = with_image_backbone(plan, image_backbone)
     configure_torch_threads()  # as `probsearch demo` does
     paths = build_demo(demo_dir, plan, None, say=lambda line: print(line, flush=True))
     registry = ActiveRegistry(paths.index_root, None)

@@ -82,9 +82,12 @@ def main() -> None:
     parser.add_argument("--demo-dir", type=Path, default=ROOT / ".cache" / "demo-clipart")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /
                         "unfamiliar_images.md")  # fmt: skip
+    parser.add_argument(
+        "--image-backbone", help="the demo built on this image backbone (probsearch demo's flag)"
+    )
     args = parser.parse_args()
     command = " ".join([".venv/bin/python benchmarks/unfamiliar_images.py", *sys.argv[1:]])
-    artifacts = demo_artifacts(args.demo_dir, quick=False, plan_name="clipart")
+    artifacts = demo_artifacts(args.demo_dir, False, "clipart", args.image_backbone)
     with tempfile.TemporaryDirectory() as tmp:
         probes = probe_sets(Path(tmp), test_drawings(args.demo_dir / "data"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROBSEARCH_")}
