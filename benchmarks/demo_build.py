@@ -5,6 +5,7 @@ CPU cores. Writes a Markdown table to --out.
     python benchmarks/demo_build.py                       # the shipped plan (clip art)
     python benchmarks/demo_build.py --shapes              # the shapes lab (demo_build.md)
     python benchmarks/demo_build.py --small --out /tmp/d.md
+    python benchmarks/demo_build.py --image-backbone efficientnet-lite0-style
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="the reduced plan (--small)")
     parser.add_argument("--shapes", action="store_true", help="the shapes lab (--shapes)")
+    parser.add_argument(
+        "--image-backbone", help="the clip-art demo on this image backbone (probsearch demo's flag)"
+    )
     parser.add_argument("--out", type=Path, help="default: results/demo_build[_clipart].md")
     parser.add_argument(
         "--cache-dir", type=Path, help="an empty dir to build into and keep (default: a temp dir)"
@@ -57,6 +61,9 @@ def main() -> None:
     args = parser.parse_args()
     flags = ["--small"] * args.small + ["--shapes"] * args.shapes
     name = "demo_build.md" if flags else "demo_build_clipart.md"
+    if args.image_backbone:
+        flags += ["--image-backbone", args.image_backbone]
+        name = f"demo_build_clipart_{args.image_backbone}.md"
     args.out = args.out or ROOT / "benchmarks" / "results" / name
     command = " ".join([".venv/bin/python benchmarks/demo_build.py", *sys.argv[1:]])
     load = os.getloadavg()[0]
