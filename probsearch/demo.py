@@ -24,7 +24,7 @@ from indexer.calibration_inheritance import active_manifest
 from indexer.publish import ReindexJob, run_reindex
 from indexer.registry import ActiveRegistry
 from indexer.threads import apply_thread_budget
-from models.backbones.registry import SHIPPED
+from models.backbones.registry import check_spec
 from models.datasets.clipart import DATASET_NAME as CLIPART_NAME
 from models.datasets.clipart import LIBRARY, write_clipart
 from models.datasets.photos import write_photos
@@ -141,9 +141,7 @@ def with_image_backbone(plan: DemoPlan, image_backbone: str) -> DemoPlan:
     ONNX image graph by path; ValueError for the shapes lab, which has no backbone."""
     if plan.dataset != "clipart":
         raise ValueError("--image-backbone goes with the clip-art demo, not the shapes lab")
-    if image_backbone not in SHIPPED["image"] and not image_backbone.endswith(".onnx"):
-        names = ", ".join(SHIPPED["image"])
-        raise ValueError(f"unknown image backbone {image_backbone!r}: {names} or an .onnx file")
+    check_spec(image_backbone, "image")
     return replace(plan, image_backbone=image_backbone)
 
 

@@ -32,6 +32,7 @@ class EfficientNetLite0(nn.Module):
     name = NETWORK
     image_size = 224
     dim = 1280
+    readout = ""  # names a readout other than the pooled head in the feature cache's key
 
     def __init__(self) -> None:
         super().__init__()

@@ -72,16 +72,23 @@ def _grey():
 def load_backbone(spec: str, modality: Modality) -> Backbone:
     """The backbone `spec` names: one of SHIPPED (efficientnet-lite0, efficientnet-lite0-style,
     all-minilm-l6-v2), or an .onnx path (a text graph reads the tokenizer.json beside it)."""
+    check_spec(spec, modality)
     if spec in SHIPPED[modality]:
         return _shipped(spec, modality)
+    return _onnx(Path(spec), modality)
+
+
+def check_spec(spec: str, modality: Modality) -> None:
+    """ConfigError unless `spec` could name a `modality` backbone: a shipped one of that
+    modality or an .onnx path (whether the file is a backbone is checked when it is loaded)."""
+    if spec in SHIPPED[modality]:
+        return
     other = "text" if modality == "image" else "image"
     if spec in SHIPPED[other]:
         raise ConfigError(f"{spec} is a{'n image' if other == 'image' else ' text'} backbone")
-    path = Path(spec)
-    if path.suffix != ".onnx":
+    if Path(spec).suffix != ".onnx":
         names = ", ".join(SHIPPED[modality])
         raise ConfigError(f"unknown {modality} backbone {spec!r}: name {names} or an .onnx file")
-    return _onnx(path, modality)
 
 
 def _shipped(name: str, modality: Modality) -> Backbone:
@@ -91,7 +98,7 @@ def _shipped(name: str, modality: Modality) -> Backbone:
 
         style = name == EfficientNetLite0Style.name
         image = EfficientNetLite0Style() if style else EfficientNetLite0()
-        key = f"{image.name}-{weights_fingerprint(image.weights_path)}"
+        key = f"{image.name}{image.readout}-{weights_fingerprint(image.weights_path)}"
         return Backbone(modality, key, image.dim, image, image, image_size=image.image_size)
     from models.backbones.text_backbone import MAX_TOKENS, MiniLM
 

@@ -20,6 +20,8 @@ features of an image never depend on which gallery it is in.
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from models.backbones.image_backbone import EfficientNetLite0
@@ -30,6 +32,10 @@ CORRELATED = (2, 4, 7)  # stages whose channel correlations are kept
 STAGE_SCALE = {2: 0.101, 4: 0.0947, 7: 0.133, 10: 0.102, 14: 0.117, 15: 0.276}
 CORRELATION_SCALE = 8.45
 HEAD_DIM = 1280
+# In the feature cache's key: features cached under other stages or scales are not reused.
+READOUT = hashlib.sha256(
+    repr((STAGE_ENDS, CORRELATED, STAGE_SCALE, CORRELATION_SCALE)).encode()
+).hexdigest()[:8]
 
 
 def _pairs(channels: int) -> int:
@@ -42,6 +48,7 @@ class EfficientNetLite0Style(EfficientNetLite0):
     channel correlations of the CORRELATED stages."""
 
     name = "efficientnet-lite0-style"
+    readout = f"-{READOUT}"
     dim = (
         sum(2 * c for _, c in STAGE_ENDS)
         + HEAD_DIM

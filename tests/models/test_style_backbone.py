@@ -2,6 +2,7 @@
 stage's channel means and sds, the plain backbone's vector, and the channel correlations
 (np.corrcoef); then its ONNX export and its name in the registry."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from models.backbones.registry import load_backbone
 from models.backbones.style_backbone import (
     CORRELATED,
     CORRELATION_SCALE,
+    READOUT,
     STAGE_ENDS,
     STAGE_SCALE,
     EfficientNetLite0Style,
@@ -99,9 +101,11 @@ def test_head_part_is_the_plain_backbone(style, images) -> None:
 
 def test_registry_loads_it_by_name_and_onnx_reproduces_it(images) -> None:
     backbone = load_backbone("efficientnet-lite0-style", "image")
-    assert backbone.dim == EfficientNetLite0Style.dim and backbone.key.startswith(
-        "efficientnet-lite0-style-"
-    )
+    assert backbone.dim == EfficientNetLite0Style.dim
+    # the stages and scales are in the cache key, so features of another readout are not reused
+    assert backbone.key.startswith(f"efficientnet-lite0-style-{READOUT}-")
+    plain = load_backbone("efficientnet-lite0", "image").key  # unchanged: its caches stay valid
+    assert re.fullmatch(r"efficientnet-lite0-[0-9a-f]{12}", plain), plain
     runner = backbone.onnx_runner(threads=1)  # exports and checks parity against torch
     np.testing.assert_allclose(runner(images), backbone.encode(images), rtol=1e-3, atol=1e-3)
 
