@@ -151,7 +151,10 @@ def batch_loss(
         )
     else:
         similarity = similarity_matrix(
-            model_config.model_type, model_config.metric, *image, *caption
+            model_config.model_type,
+            model_config.metric,
+            *_retrieval_view(image, train_config),
+            *_retrieval_view(caption, train_config),
         )  # (B, M)
         spare_captions = train_config.positives != "plausible_images"
         if train_config.objective == "infonce":
@@ -204,6 +207,16 @@ def batch_loss(
         joint = torch.cat([batch.image_mu, batch.caption_mu])
         loss = loss + weight * uniformity_loss(joint)
     return loss
+
+
+def _retrieval_view(
+    gaussian: tuple[torch.Tensor, torch.Tensor], train_config: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mu, logvar) as the retrieval objective sees them: with a variance_objective the
+    log-variance is detached, so that objective alone sets the variances, while a distance
+    that reads them (metric w2) still trains the means against the variances as served."""
+    mu, logvar = gaussian
+    return (mu, logvar.detach()) if train_config.variance_objective else (mu, logvar)
 
 
 def _counterfactual_term(

@@ -166,6 +166,34 @@ def test_variance_objective_leaves_the_means_alone(variance_objective: str) -> N
     assert grads_both[2] is not None and grads_both[2].abs().sum() > 0
 
 
+def test_a_variance_objective_trains_the_means_against_its_variances_as_served() -> None:
+    """Metric w2 with a variance objective: the retrieval loss is InfoNCE on -w2 with the
+    variances as they are (written out here with torch.distributions' scales) and moves only
+    the means; without a variance objective it moves the variances too."""
+    mu_i, lv_i = (t.requires_grad_() for t in gaussians(3, 4, 8))
+    mu_c, lv_c = (t.requires_grad_() for t in gaussians(3, 4, 9))
+    owner = torch.arange(3)
+    own = owner[None, :] == owner[:, None]
+    batch = BatchEmbeddings(mu_i, lv_i, mu_c, lv_c, owner, own)
+    match = (torch.tensor(2.0), torch.tensor(1.0))
+    config = ModelConfig(metric="w2")
+    training = TrainConfig(objective="infonce", temperature=0.2)
+    counted = replace(training, variance_objective="plausible_count")
+    loss = batch_loss(batch, config, counted, match, "sum", None)
+    sd_i, sd_c = (Normal(mu, (0.5 * lv).exp()).scale for mu, lv in ((mu_i, lv_i), (mu_c, lv_c)))
+    w2 = torch.cdist(mu_i, mu_c).pow(2) + torch.cdist(sd_i, sd_c).pow(2)  # (B, M)
+    logits = -w2 / 0.2
+    cross_entropy = torch.nn.functional.cross_entropy
+    expected = cross_entropy(logits, owner) + cross_entropy(logits.T, owner)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    grads = torch.autograd.grad(loss, [mu_i, lv_i, lv_c], allow_unused=True)
+    assert grads[0].abs().sum() > 0
+    assert grads[1] is None and grads[2] is None
+    plain = batch_loss(batch, config, training, match, "sum", None)
+    assert plain.item() == pytest.approx(expected.item(), rel=1e-9)
+    assert torch.autograd.grad(plain, lv_i)[0].abs().sum() > 0
+
+
 def test_spread_loss_is_minimal_at_the_spread_of_the_partners() -> None:
     """The variance that minimises the loss is the partners' variance plus the floor: checked
     by gradient descent against numpy's own variance of the partner means."""
