@@ -26,11 +26,20 @@ INDEX_FAMILIES: dict[str, str | tuple[str, ...]] = {
     "kl_reverse": "kl_reverse",
     "js": "js",
     "mahalanobis": "mahalanobis",
+    "query_mahalanobis": "query_mahalanobis",
     # top-k(min_kl) lies inside top-k(kl) ∪ top-k(kl_reverse): an item whose min_kl is its KL
     # is beaten in min_kl by every item that beats it in KL.
     "min_kl": ("kl", "kl_reverse"),
 }
-FAMILIES: tuple[str, ...] = ("w2", "csd", "kl", "kl_reverse", "js", "mahalanobis")
+FAMILIES: tuple[str, ...] = (
+    "w2",
+    "csd",
+    "kl",
+    "kl_reverse",
+    "js",
+    "mahalanobis",
+    "query_mahalanobis",
+)
 
 
 class UnknownFamilyError(ValueError):
@@ -52,6 +61,7 @@ _FORMS = {
     "kl_reverse": IndexForm("kl_reverse", "ip"),
     "js": IndexForm("js", "ip"),
     "mahalanobis": IndexForm("mahalanobis", "ip"),
+    "query_mahalanobis": IndexForm("query_mahalanobis", "ip"),
 }
 
 
@@ -86,6 +96,7 @@ def augmented_dim(family: str, dim: int) -> int:
         "kl_reverse": 2 * dim + 1,
         "js": 4 * dim + 2,
         "mahalanobis": 2 * dim + 1,
+        "query_mahalanobis": 2 * dim,
     }[family]
 
 
@@ -208,6 +219,18 @@ def _mahalanobis_query(mu: np.ndarray, logvar: np.ndarray) -> tuple[np.ndarray, 
     return np.concatenate([-(mu**2), 2.0 * mu, -ones], axis=1), np.zeros(mu.shape[0])
 
 
+def _query_mahalanobis_gallery(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray:
+    # sum (mu_g - mu_q)^2 prec_q = mu_g^2·prec_q - 2 mu_g·(mu_q prec_q) + sum mu_q^2 prec_q
+    del logvar  # the gallery's variances do not enter
+    return np.concatenate([mu**2, mu], axis=1)  # (N, 2D)
+
+
+def _query_mahalanobis_query(mu: np.ndarray, logvar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    prec = np.exp(-logvar)
+    vectors = np.concatenate([-prec, 2.0 * mu * prec], axis=1)  # (Q, 2D)
+    return vectors, (mu**2 * prec).sum(axis=1)
+
+
 _GALLERY = {
     "w2": _w2_gallery,
     "csd": _csd_gallery,
@@ -215,6 +238,7 @@ _GALLERY = {
     "kl_reverse": _kl_reverse_gallery,
     "js": _js_gallery,
     "mahalanobis": _mahalanobis_gallery,
+    "query_mahalanobis": _query_mahalanobis_gallery,
 }
 _QUERY = {
     "w2": _w2_query,
@@ -223,6 +247,7 @@ _QUERY = {
     "kl_reverse": _kl_reverse_query,
     "js": _js_query,
     "mahalanobis": _mahalanobis_query,
+    "query_mahalanobis": _query_mahalanobis_query,
 }
 
 

@@ -16,6 +16,7 @@ METRICS: tuple[str, ...] = (
     "js",
     "min_kl",
     "mahalanobis",
+    "query_mahalanobis",
     "bhattacharyya",
     "elk",
     "match_prob",
@@ -277,6 +278,13 @@ def _mahalanobis(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor)
     return ((mu_q - mu_g) ** 2 * torch.exp(-logvar_g)).sum(-1)
 
 
+def _query_mahalanobis(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
+    """Squared Mahalanobis distance of the point mu_g under q; logvar_g is not used. Within
+    one query it is the L2 distance with each dimension weighted by the query's precision, so
+    the gallery's own variances never move an item's rank (docs/design.md, "Metrics")."""
+    return _mahalanobis(mu_g, logvar_g, mu_q, logvar_q)
+
+
 def _bhattacharyya(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
     """D_B = 1/8 diff' S^-1 diff + 1/2 ln(det S / sqrt(det S_q det S_g)), S = (S_q + S_g) / 2."""
     logvar_mean = torch.logaddexp(logvar_q, logvar_g) - _LN2  # ln((var_q + var_g) / 2)
@@ -300,6 +308,7 @@ _ELEMENTWISE: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
     "js": _js,
     "min_kl": _min_kl,
     "mahalanobis": _mahalanobis,
+    "query_mahalanobis": _query_mahalanobis,
     "bhattacharyya": _bhattacharyya,
     "elk": _elk,
 }
@@ -353,6 +362,12 @@ def _mahalanobis_pairwise(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g
     return (cross + (mu_g**2 * prec_g).sum(-1)[..., None, :]).clamp_min(0)
 
 
+def _query_mahalanobis_pairwise(
+    mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor
+) -> Tensor:
+    return _mahalanobis_pairwise(mu_g, logvar_g, mu_q, logvar_q).mT.contiguous()
+
+
 _PAIRWISE: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
     "w2": _w2_pairwise,
     "csd": _csd_pairwise,
@@ -361,6 +376,7 @@ _PAIRWISE: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
     "js": _js_pairwise,
     "min_kl": _min_kl_pairwise,
     "mahalanobis": _mahalanobis_pairwise,
+    "query_mahalanobis": _query_mahalanobis_pairwise,
 }
 
 

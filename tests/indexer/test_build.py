@@ -29,7 +29,16 @@ from tests.indexer.synthetic import (
 )
 
 N, D, Q, K = 20_000, 32, 100, 10
-NATIVE_METRICS = ("w2", "csd", "kl", "kl_reverse", "js", "min_kl", "mahalanobis")
+NATIVE_METRICS = (
+    "w2",
+    "csd",
+    "kl",
+    "kl_reverse",
+    "js",
+    "min_kl",
+    "mahalanobis",
+    "query_mahalanobis",
+)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,16 @@ from tests.indexer.synthetic import (
 )
 
 N, D, Q, K = 3000, 16, 40, 10
-NATIVE_METRICS = ("w2", "csd", "kl", "kl_reverse", "js", "min_kl", "mahalanobis")
+NATIVE_METRICS = (
+    "w2",
+    "csd",
+    "kl",
+    "kl_reverse",
+    "js",
+    "min_kl",
+    "mahalanobis",
+    "query_mahalanobis",
+)
 
 
 @pytest.fixture(scope="module")

@@ -142,6 +142,19 @@ def test_mahalanobis_matches_scipy_and_ignores_query_logvar(extreme):
             assert got[i, j].item() == pytest.approx(root**2, rel=1e-9)
 
 
+def test_query_mahalanobis_is_the_gallery_mean_under_the_query_by_torch_log_prob(extreme):
+    """-2 ln N(mu_g; mu_q, S_q) minus its normaliser, by torch.distributions."""
+    mu_q, logvar_q, mu_g, logvar_g = extreme
+    query = Independent(Normal(mu_q[:, None], torch.exp(0.5 * logvar_q)[:, None]), 1)
+    log_prob = query.log_prob(mu_g[None])  # (Q, G)
+    normaliser = 0.5 * (logvar_q.sum(-1) + mu_q.shape[1] * math.log(2 * math.pi))  # (Q,)
+    expected = -2.0 * (log_prob + normaliser[:, None])
+    got = pairwise_distance("query_mahalanobis", *extreme)
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-7)
+    moved = pairwise_distance("query_mahalanobis", mu_q, logvar_q, mu_g, logvar_g + 3.0)
+    torch.testing.assert_close(moved, got)
+
+
 # ---- Bhattacharyya and ELK against 1-D numerical integration ----------------------------------
 
 
@@ -341,7 +354,8 @@ def test_distances_are_differentiable(metric):
     mu_q, logvar_q = (t.float().requires_grad_() for t in random_gaussians(3, 4, seed=16))
     mu_g, logvar_g = (t.float().requires_grad_() for t in random_gaussians(5, 4, seed=17))
     pairwise_distance(metric, mu_q, logvar_q, mu_g, logvar_g).sum().backward()
-    for tensor in (mu_q, mu_g, logvar_g):
+    read_logvar = logvar_q if metric == "query_mahalanobis" else logvar_g  # one reads only q's
+    for tensor in (mu_q, mu_g, read_logvar):
         assert tensor.grad is not None and torch.isfinite(tensor.grad).all()
 
 
