@@ -92,9 +92,9 @@ class Option:
 class ModelConfig:
     """Everything needed to rebuild the encoders and preprocess their inputs.
 
-    `metric` is the training similarity and the service's default; `search_metric` maps the
-    point baseline's "cosine" to "w2", which ranks unit-norm points with a constant variance
-    exactly like cosine. `image_query_metric` ranks the captions for an image query instead
+    `metric` is the training similarity and the service's default unless `search_with` names
+    another; `search_metric` maps the point baseline's "cosine" to "w2", which ranks unit-norm
+    points with a constant variance exactly like cosine. `image_query_metric` ranks the captions for an image query instead
     ("" = `search_metric`): chosen on validation data per direction, since an image query and a
     caption query ask different things of the variance (`default_metric`). `point_logvar` is
     the constant log-variance a point modality outputs, so every gallery has both mu and
@@ -110,6 +110,14 @@ class ModelConfig:
     # "" = the model type's default (DEFAULT_METRIC).
     metric: Annotated[
         str, Option("training similarity; default: w2 (gcie), mahalanobis (gce, gie), cosine (vse)")
+    ] = ""
+    # The service's default; "" = the training metric's (search_metric).
+    search_with: Annotated[
+        str,
+        Option(
+            "metric the service ranks with when a query names none (default: the training "
+            "metric's; cosine ranks with w2)"
+        ),
     ] = ""
     # The default metric of the caption gallery; "" = search_metric.
     image_query_metric: Annotated[
@@ -209,11 +217,14 @@ class ModelConfig:
                 f"metric {self.metric!r} cannot train a {self.model_type} model; "
                 f"choose one of {', '.join(allowed)}"
             )
-        if self.image_query_metric and self.image_query_metric not in GAUSSIAN_METRICS:
-            raise ConfigError(
-                f"unknown image query metric {self.image_query_metric!r}; "
-                f"choose one of {', '.join(GAUSSIAN_METRICS)}"
-            )
+        for name, value in (
+            ("search", self.search_with),
+            ("image query", self.image_query_metric),
+        ):
+            if value and value not in GAUSSIAN_METRICS:
+                raise ConfigError(
+                    f"unknown {name} metric {value!r}; choose one of {', '.join(GAUSSIAN_METRICS)}"
+                )
         if not 0 < self.var_min < self.var_max:
             raise ConfigError(f"need 0 < var_min < var_max, got {self.var_min}, {self.var_max}")
         if self.image_pooling not in IMAGE_POOLINGS:
@@ -289,7 +300,10 @@ class ModelConfig:
 
     @property
     def search_metric(self) -> str:
-        """The models.distance.gaussian metric the service should rank with by default."""
+        """The models.distance.gaussian metric the service should rank with by default:
+        `search_with`, else the training metric (cosine: w2, its Gaussian equal on points)."""
+        if self.search_with:
+            return self.search_with
         return "w2" if self.metric == "cosine" else self.metric
 
     def default_metric(self, gallery: str) -> str:

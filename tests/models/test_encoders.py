@@ -2,6 +2,7 @@
 MC-dropout mask contract (ones = deterministic, draw-major blocks, no hidden randomness)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -180,6 +181,7 @@ def test_dropout_masks_values_and_rate() -> None:
         ({"image_pooling": "mean"}, "unknown image pooling"),
         ({"cnn_downsample": "avg"}, "unknown cnn downsample"),
         ({"image_query_metric": "cosine"}, "unknown image query metric"),
+        ({"search_with": "cosine"}, "unknown search metric"),
     ],
 )
 def test_config_rejects_bad_values_with_a_clear_message(fields: dict, message: str) -> None:
@@ -205,6 +207,17 @@ def test_image_queries_may_default_to_a_metric_of_their_own(tmp_path) -> None:
     assert ModelConfig.load(tmp_path).default_metric("text") == "kl"
     with pytest.raises(ConfigError, match="not found"):
         ModelConfig.load(tmp_path / "nowhere")
+
+
+def test_search_with_sets_the_services_default_in_both_directions(tmp_path) -> None:
+    trained_cosine = ModelConfig(metric="cosine", search_with="query_mahalanobis")
+    assert trained_cosine.metric == "cosine"
+    defaults = {g: trained_cosine.default_metric(g) for g in ("image", "text")}
+    assert defaults == {"image": "query_mahalanobis", "text": "query_mahalanobis"}
+    own_image_metric = replace(trained_cosine, image_query_metric="kl")
+    assert own_image_metric.default_metric("text") == "kl"
+    trained_cosine.save(tmp_path)
+    assert ModelConfig.load(tmp_path).search_metric == "query_mahalanobis"
 
 
 def test_object_detectors_are_a_per_cell_mlp_maxed_over_the_map() -> None:
