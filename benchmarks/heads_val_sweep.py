@@ -91,18 +91,25 @@ def run_seed(
     torch.set_num_threads(1)
     start = time.time()
     result = train(data, out, model, training, progress=False, log=lambda _: None)
-    report = evaluate_model(out, data, "val", EvalConfig(metrics=(run.metric,), mc_samples=0))
+    metric = run_metric(run)
+    report = evaluate_model(out, data, "val", EvalConfig(metrics=(metric,), mc_samples=0))
     figures: dict = {"configs": configs, "best_epoch": result.best_epoch}
     figures |= {"epochs": len(result.history), "train_s": round(time.time() - start)}
     figures["val_score"] = max(epoch["score"] for epoch in result.history)
     for direction in ("i2t", "t2i"):
-        retrieval = report["metrics"][run.metric][direction]["retrieval"]
+        retrieval = report["metrics"][metric][direction]["retrieval"]
         figures[f"{direction}_P@1"] = retrieval["P@1"]
         figures[f"{direction}_R-P"] = retrieval["r_precision"]
-    ambiguity = report["metrics"][run.metric]["t2i"]["ambiguity_spearman"]
+    ambiguity = report["metrics"][metric]["t2i"]["ambiguity_spearman"]
     figures["t2i_log-det_rho"] = ambiguity.get("log_det", math.nan)
     cached.write_text(json.dumps(figures, indent=1) + "\n")
     return figures
+
+
+def run_metric(run: Run) -> str:
+    """The metric a variant is ranked with: the one its model searches with when the variant
+    names one (search_with), else its run's."""
+    return run.model.get("search_with") or run.metric
 
 
 def cell(values: list[float], digits: int = 1) -> str:
@@ -124,7 +131,8 @@ def write_table(out: Path, args: argparse.Namespace, runs: list[Run], results: d
         f"Command: `{args.command}`; machine: {platform.machine()}, {os.cpu_count()} CPUs, "
         f"load (1 min) {load:.1f} at the end; seeds {args.seeds}; at most {args.epochs} epochs.",
         "",
-        "Val figures (%), mean ± sd over the seeds, each variant by its run's metric; the val",
+        "Val figures (%), mean ± sd over the seeds, each variant by its run's metric (by its",
+        "model's search_with where the variant sets one); the val",
         "score is the training's best (plausible t2i P@1, both R-Precisions, exact R@5).",
         "",
         "| variant | settings | " + " | ".join(FIGURES) + " | best epochs |",

@@ -146,6 +146,14 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
                            "variance_reads_backbone": True, **BACKBONES},
         {"variance_objective": "plausible_count", **NCE_TRAINING, **HEADS_TRAINING}, "w2",
         reference="vse-nce"),
+    # The same model searched with query_mahalanobis, each item's mean under the query's
+    # Gaussian: w2 adds ||sigma_q - sigma_g||^2, which moves items by their own variance
+    # whatever they show (benchmarks/results/query_mahalanobis_val.md); w2 reported beside it
+    Run("gcie-count-qm", {"model_type": "gcie", "metric": "cosine", "variance_reads_only": True,
+                          "variance_reads_backbone": True, "search_with": "query_mahalanobis",
+                          **BACKBONES},
+        {"variance_objective": "plausible_count", **NCE_TRAINING, **HEADS_TRAINING},
+        "query_mahalanobis", ("w2",), reference="vse-nce"),
     # gcie-w2's caption log-det follows ambiguity best with the hinge; the same with InfoNCE
     Run("gcie-w2-nce", {"model_type": "gcie", "metric": "w2", **BACKBONES},
         {"vib_beta": 1e-4, **NCE_TRAINING, **HEADS_TRAINING}, "w2", reference="vse-nce"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.heads_val_sweep import FIGURES, parse_variant, run_seed
+from benchmarks.heads_val_sweep import FIGURES, parse_variant, run_metric, run_seed
 from benchmarks.model_comparison import PRETRAINED_RUNS, RUNS, effective_configs
 from models.datasets.records import DatasetError
 
@@ -21,6 +21,18 @@ def test_a_variant_changes_only_what_it_names() -> None:
     assert variant.model == {**base.model, "embed_dim": 128}
     assert variant.training == {**base.training, "lr": 0.0005, "positives": "plausible"}
     assert (variant.metric, variant.extra) == (base.metric, base.extra)
+
+
+@pytest.mark.parametrize(
+    ("spec", "metric"),
+    [
+        ("gcie-count-nce", "w2"),
+        ("gcie-count-qm", "query_mahalanobis"),
+        ("x=gcie-count-nce,search_with=kl", "kl"),
+    ],
+)
+def test_a_variant_is_ranked_with_what_its_model_searches_with(spec: str, metric: str) -> None:
+    assert run_metric(parse_variant(spec, PRETRAINED_RUNS)) == metric
 
 
 def test_a_bare_name_is_the_run_itself() -> None:
