@@ -94,9 +94,10 @@ class ModelConfig:
 
     `metric` is the training similarity and the service's default unless `search_with` names
     another; `search_metric` maps the point baseline's "cosine" to "w2", which ranks unit-norm
-    points with a constant variance exactly like cosine. `image_query_metric` ranks the captions for an image query instead
-    ("" = `search_metric`): chosen on validation data per direction, since an image query and a
-    caption query ask different things of the variance (`default_metric`). `point_logvar` is
+    points with a constant variance exactly like cosine. `image_query_metric` ranks the
+    captions for an image query instead ("" = `search_metric`): chosen on validation data per
+    direction, since an image query and a caption query ask different things of the variance
+    (`default_metric`). `point_logvar` is
     the constant log-variance a point modality outputs, so every gallery has both mu and
     logvar. `training` and `validation` record how the model was trained and its best
     validation recalls (informational).
