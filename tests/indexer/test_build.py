@@ -18,7 +18,7 @@ from indexer.build import (
 )
 from indexer.publish import verify_version
 from indexer.store import IndexVersion, open_version
-from models.distance.augmented import candidate_families
+from models.distance.augmented import INDEX_FAMILIES, candidate_families
 from models.distance.gaussian import pairwise_distance
 from models.scoring.rerank import exact_rerank
 from tests.indexer.synthetic import (
@@ -29,16 +29,7 @@ from tests.indexer.synthetic import (
 )
 
 N, D, Q, K = 20_000, 32, 100, 10
-NATIVE_METRICS = (
-    "w2",
-    "csd",
-    "kl",
-    "kl_reverse",
-    "js",
-    "min_kl",
-    "mahalanobis",
-    "query_mahalanobis",
-)
+NATIVE_METRICS = tuple(INDEX_FAMILIES)  # every metric with an exact index form
 
 
 @pytest.fixture(scope="module")

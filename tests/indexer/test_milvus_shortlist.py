@@ -17,6 +17,7 @@ from indexer.milvus_store import MilvusBackend, MilvusCollectionError, alias_nam
 from indexer.milvus_writer import write_version_dir
 from indexer.shortlist_backends import make_backend
 from indexer.store import open_version
+from models.distance.augmented import INDEX_FAMILIES
 from models.distance.gaussian import pairwise_distance
 from tests.indexer.synthetic import (
     clustered_gaussians,
@@ -26,16 +27,7 @@ from tests.indexer.synthetic import (
 )
 
 N, D, Q, K = 3000, 16, 40, 10
-NATIVE_METRICS = (
-    "w2",
-    "csd",
-    "kl",
-    "kl_reverse",
-    "js",
-    "min_kl",
-    "mahalanobis",
-    "query_mahalanobis",
-)
+NATIVE_METRICS = tuple(INDEX_FAMILIES)  # every metric with an exact index form
 
 
 @pytest.fixture(scope="module")

@@ -51,8 +51,9 @@ def test_train_offers_every_option_field_as_it_is() -> None:
     assert option_problems(train_command(app), CONFIGS) == []
     # 36, then the two backbones, the heads' width, the novelty bank, infonce's temperature
     # PCME++'s mixed samples and label smoothing, where the heads' variance reads, and the
-    # match BCE's pair weighting, and the text backbone's int8 weights
-    assert len([f for config in CONFIGS for f, _ in option_fields(config)]) == 46
+    # match BCE's pair weighting, the text backbone's int8 weights, and the service's default
+    # metric (search_with)
+    assert len([f for config in CONFIGS for f, _ in option_fields(config)]) == 47
 
 
 def test_an_option_missing_from_the_dataclasses_fails_the_check() -> None:
