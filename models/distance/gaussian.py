@@ -281,7 +281,7 @@ def _mahalanobis(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor)
 def _query_mahalanobis(mu_q: Tensor, logvar_q: Tensor, mu_g: Tensor, logvar_g: Tensor) -> Tensor:
     """Squared Mahalanobis distance of the point mu_g under q; logvar_g is not used. Within
     one query it is the L2 distance with each dimension weighted by the query's precision, so
-    the gallery's own variances never move an item's rank (docs/design.md, "Metrics")."""
+    the gallery's own variances never move an item's rank (docs/design.md, "Distances")."""
     return _mahalanobis(mu_g, logvar_g, mu_q, logvar_q)
 
 
