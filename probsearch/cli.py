@@ -53,7 +53,10 @@ def demo(
     small: Annotated[bool, typer.Option(help="A reduced shapes build (CI, a quick look).")] = False,
     image_backbone: Annotated[
         str | None,
-        typer.Option(help="Clip art: the heads' image backbone, e.g. efficientnet-lite0-style."),
+        typer.Option(
+            help="Clip art: the heads' image backbone (default efficientnet-lite0-style; "
+            "efficientnet-lite0 is the plain vector, or an ONNX image graph's path)."
+        ),
     ] = None,
     examples_only: Annotated[
         bool, typer.Option(help="Stop after the example queries instead of serving on.")
