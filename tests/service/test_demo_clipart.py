@@ -69,6 +69,7 @@ def test_the_examples_are_drawings_and_answers_carry_mutual_information(built) -
     assert "# text -> images" in shown and "clipart-" in shown
     assert "nothing like the drawings it knows" in shown
     assert body["query"]["mutual_information"] > 0
+    assert body["metric"] == "query_mahalanobis"  # the plan's served metric, over HTTP
 
 
 def test_the_demo_serves_the_style_heads_with_query_mahalanobis() -> None:
