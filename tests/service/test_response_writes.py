@@ -33,9 +33,7 @@ class CountedTransport:
 
 async def _socket_pair() -> tuple[CountedTransport, socket.socket]:
     ours, theirs = socket.socketpair()
-    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
-        asyncio.Protocol, ours
-    )
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(asyncio.Protocol, ours)
     theirs.settimeout(5)
     return CountedTransport(transport), theirs
 
