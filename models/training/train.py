@@ -1,6 +1,7 @@
 """Training loop: Adam, the objective of models.objectives, validation with the model's metric
-judged by plausible matches, lr decay on plateau, early stopping with the best-on-validation
-checkpoint, resumable epochs, ONNX export at the end."""
+(its served one where it names search_with) judged by plausible matches, lr decay on plateau,
+early stopping with the best-on-validation checkpoint, resumable epochs, ONNX export at the
+end."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from models.datasets.records import load_dataset
+from models.distance.gaussian import pairwise_distance
 from models.evaluation.retrieval_metrics import count_top_hits, first_positive_rank, recall_at_k
 from models.networks.feature_novelty import save_bank
 from models.networks.heads import fraction_at_bound
@@ -179,26 +181,19 @@ def validate(
     mean log-det of each modality and the fraction of items with a variance at a bound."""
     image_mu, image_logvar, caption_mu, caption_logvar = encode_split(model, split, device)
     config = model.config
-    params = {"seed": 0} if config.metric == "match_prob" else {}
-    if config.model_type == "pvse":
-        similarity = pvse_similarity(model, split, device)  # (N_img, N_cap)
-    else:
-        similarity = similarity_matrix(
-            config.model_type, config.metric, image_mu, image_logvar, caption_mu, caption_logvar,
-            **params,
-        )  # fmt: skip  # (N_img, N_cap)
-    distances = -similarity.float().cpu()
+    embedded = (image_mu, image_logvar, caption_mu, caption_logvar)
+    distances, caption_distances = _validation_distances(model, split, embedded, device)
     owner = split.caption_image  # (N_cap,)
     positive = owner[None, :] == torch.arange(split.num_images)[:, None]  # (N_img, N_cap)
     i2t = first_positive_rank(distances, positive).numpy()
-    t2i = first_positive_rank(distances.T, positive.T).numpy()
+    t2i = first_positive_rank(caption_distances, positive.T).numpy()
     recalls = {
         f"{name}_R@{k}": recall_at_k(ranks, k)
         for name, ranks in (("i2t", i2t), ("t2i", t2i))
         for k in RECALL_KS
     }
     plausible = split.plausible if split.plausible is not None else positive.T  # (N_cap, N_img)
-    recalls["t2i_P@1"], recalls["t2i_R-P"] = _plausible_precisions(distances.T, plausible)
+    recalls["t2i_P@1"], recalls["t2i_R-P"] = _plausible_precisions(caption_distances, plausible)
     recalls["i2t_P@1"], recalls["i2t_R-P"] = _plausible_precisions(distances, plausible.T)
     low, high = config.logvar_bounds
     gaussian = [lv for lv, g in ((image_logvar, config.gaussian_images),
@@ -210,6 +205,36 @@ def validate(
         float(log_det(caption_logvar).mean()),
         at_bound,
     )
+
+
+def _validation_distances(
+    model: ProbabilisticModel,
+    split: SplitTensors,
+    embedded: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image-query distances (N_img, N_cap), caption-query distances (N_cap, N_img)) on CPU.
+
+    A model that names `search_with` is validated as the service ranks it (each direction by
+    its default metric, the query first: query_mahalanobis reads the query's variance), so the
+    best-on-validation checkpoint is the best at what it will serve; any other by its training
+    metric's similarity, one matrix for both directions."""
+    config = model.config
+    image_mu, image_logvar, caption_mu, caption_logvar = embedded
+    if config.search_with and config.model_type != "pvse":
+        images, captions = (image_mu, image_logvar), (caption_mu, caption_logvar)
+        i2t = pairwise_distance(config.default_metric("text"), *images, *captions)
+        t2i = pairwise_distance(config.default_metric("image"), *captions, *images)
+        return i2t.float().cpu(), t2i.float().cpu()
+    if config.model_type == "pvse":
+        similarity = pvse_similarity(model, split, device)  # (N_img, N_cap)
+    else:
+        params = {"seed": 0} if config.metric == "match_prob" else {}
+        similarity = similarity_matrix(
+            config.model_type, config.metric, *embedded, **params
+        )  # (N_img, N_cap)
+    distances = -similarity.float().cpu()
+    return distances, distances.T
 
 
 def train_epoch(
