@@ -57,6 +57,7 @@ from load_generator import (  # noqa: E402
     httpx_sender,
     open_loop,
     summarise,
+    timed_caption,
 )
 from service_bench_overhead import PREFIX, OverheadRounds, measure_overhead_rounds  # noqa: E402
 from service_bench_setup import (  # noqa: E402
@@ -268,7 +269,7 @@ def request_maker(cell: Cell, art: Artifacts, gallery: tuple | None, nonce: str)
         captions = art.captions
 
         def text(i: int) -> tuple:
-            body = {"text": f"{captions[index(i) % len(captions)]} {key(i)}", **options}
+            body = {"text": timed_caption(captions[index(i) % len(captions)], key(i)), **options}
             return "POST", "/search/text", json.dumps(body).encode(), JSON
 
         return text

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
-from load_generator import RawHttpClient, closed_loop, summarise
+from load_generator import RawHttpClient, closed_loop, summarise, timed_caption
 
 ROOT = Path(__file__).resolve().parents[1]
 DRAWS = 16
@@ -104,8 +104,8 @@ def measure_overhead_rounds(
             captions = spec["captions"]
 
             def make(i: int) -> tuple:
-                body = {"text": f"{captions[i % len(captions)]} {nonce}o{number}x{i}", "k": 10,
-                        "mc_samples": DRAWS}  # fmt: skip
+                text = timed_caption(captions[i % len(captions)], nonce, number, i)
+                body = {"text": text, "k": 10, "mc_samples": DRAWS}
                 return ("POST", "/search/text", json.dumps(body).encode(),
                         {"content-type": "application/json"})  # fmt: skip
 

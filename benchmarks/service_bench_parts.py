@@ -21,6 +21,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import torch
+from load_generator import timed_caption
 
 from models.scoring.query_scores import shortlist_scores
 from models.scoring.rerank import exact_rerank
@@ -92,7 +93,7 @@ class _TextQueries:
         index, device, metric, draws = self.index, self.searcher.device, self.metric, self.draws
         caption = self.captions[i % len(self.captions)]
         t0 = time.perf_counter()
-        out = self.encoder.encode_texts([f"{caption} raw{i}"], draws, [i])
+        out = self.encoder.encode_texts([timed_caption(caption, "raw", i)], draws, [i])
         mu, logvar = out.mu[0], out.logvar[0]  # (D,)
         t1 = time.perf_counter()
         rows = index.shortlist(self.shortlist_metric, mu[None], logvar[None], self.size)
@@ -116,7 +117,8 @@ class _TextQueries:
         t4 = time.perf_counter()
         index.metadata(ranked.rows[:K].tolist())
         t5 = time.perf_counter()
-        search = Query("text", "image", self.params, i, text=f"{caption} searcher{i}")
+        text = timed_caption(caption, "searcher", i)
+        search = Query("text", "image", self.params, i, text=text)
         (outcome,) = self.searcher.search_batch([search])
         t6 = time.perf_counter()
         if isinstance(outcome, Exception):

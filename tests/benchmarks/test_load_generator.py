@@ -1,6 +1,7 @@
 """The service benchmark's load generators and latency summary (benchmarks/load_generator.py)."""
 
 import asyncio
+import re
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from load_generator import (
     closed_loop,
     open_loop,
     summarise,
+    timed_caption,
 )
 
 
@@ -111,3 +113,14 @@ def test_raw_client_reads_both_body_framings_keeps_connections_alive_and_reconne
     assert got == [(200, "hit"), (200, None), (422, None), (200, "hit")]
     assert len(connections) == 2  # kept alive for three, then one reconnection
     assert bodies == [b'{"a": 1}'] * 4
+
+
+def test_every_timed_caption_carries_a_tag_of_one_shape_unique_to_its_key():
+    """The service's cells, the overhead rounds and the raw parts time captions of the same
+    form, whatever their keys look like, so none encodes longer captions than another."""
+    keys = [("raw", 7), ("searcher", 7), ("a1b2c3d4default0", 1, 7), ("a1b2c3d4c12x7",)]
+    captions = [timed_caption("a drawing of a penguin", *key) for key in keys]
+    for caption in captions:
+        assert re.fullmatch(r"a drawing of a penguin q[0-9a-f]{8}", caption)
+    assert len(set(captions)) == len(keys)
+    assert timed_caption("x", "raw", 7) == timed_caption("x", "raw", 7)
