@@ -17,6 +17,18 @@ from models.training.training_data import load_splits
 
 SHAPES_IMAGES = 1000  # 800 train / 100 val / 100 test images, 5 captions each
 TINY_MODEL = ModelConfig(model_type="gcie", metric="w2", covariance="ellipsoidal", embed_dim=16)
+# Heads on two backbones' vectors, small enough to train or check by hand (vectors of 6 and 4
+# features stand in for the backbones'; the names only say which backbone a graph would load).
+TINY_HEADS = ModelConfig(
+    model_type="gcie",
+    embed_dim=3,
+    head_hidden=5,
+    image_backbone="efficientnet-lite0",
+    text_backbone="all-minilm-l6-v2",
+    image_backbone_dim=6,
+    text_backbone_dim=4,
+    novelty_bank=0,
+)
 # The default optimiser settings, a fixed number of epochs (no early stop).
 TINY_TRAINING = TrainConfig(epochs=16, patience=0, seed=0)
 

@@ -3,30 +3,17 @@ validated with that metric, each direction with its own query first, so the best
 checkpoint is chosen by what it serves. Checked against a brute-force ranking built from
 torch.distributions, independent of models.distance."""
 
-import dataclasses
-
 import pytest
 import torch
 from torch.distributions import Independent, Normal
 
-from models.networks.model_config import ModelConfig
 from models.networks.probabilistic_model import HeadsModel
 from models.training.train import encode_split, validate
 from models.training.training_data import SplitTensors
+from tests.models.conftest import TINY_HEADS
 
 IMAGES, CAPTIONS = 9, 14
-HEADS = ModelConfig(
-    model_type="gcie",
-    metric="cosine",
-    embed_dim=4,
-    head_hidden=6,
-    image_backbone="efficientnet-lite0",
-    text_backbone="all-minilm-l6-v2",
-    image_backbone_dim=7,
-    text_backbone_dim=5,
-    novelty_bank=0,
-    logvar_init=0.0,
-)
+HEADS = TINY_HEADS.replace(metric="cosine", logvar_init=0.0)
 
 
 def split(generator: torch.Generator) -> SplitTensors:
@@ -35,8 +22,8 @@ def split(generator: torch.Generator) -> SplitTensors:
     plausible = torch.rand(CAPTIONS, IMAGES, generator=generator) < 0.3
     plausible[torch.arange(CAPTIONS), owner] = True
     return SplitTensors(
-        pixels=torch.randn(IMAGES, 7, generator=generator),
-        ids=torch.randn(CAPTIONS, 5, generator=generator),
+        pixels=torch.randn(IMAGES, 6, generator=generator),
+        ids=torch.randn(CAPTIONS, 4, generator=generator),
         lengths=torch.ones(CAPTIONS, dtype=torch.int64),
         caption_image=owner,
         plausible=plausible,
@@ -44,7 +31,7 @@ def split(generator: torch.Generator) -> SplitTensors:
 
 
 def model_with(search_with: str, generator: torch.Generator) -> HeadsModel:
-    model = HeadsModel(dataclasses.replace(HEADS, search_with=search_with))
+    model = HeadsModel(HEADS.replace(search_with=search_with))
     with torch.no_grad():
         for parameter in model.parameters():  # log-variances far from one value per item
             parameter.copy_(torch.randn(parameter.shape, generator=generator))

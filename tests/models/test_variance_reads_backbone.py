@@ -17,19 +17,9 @@ from models.onnx.encoder_runtime import OnnxEncoder
 from models.onnx.export_pretrained import _heads_parity, export_heads
 from models.onnx.parity import PARITY_ATOL
 from models.training.train import train
+from tests.models.conftest import TINY_HEADS
 
-READS_BACKBONE = ModelConfig(
-    model_type="gcie",
-    embed_dim=3,
-    head_hidden=5,
-    dropout=0.5,
-    image_backbone="efficientnet-lite0",
-    text_backbone="all-minilm-l6-v2",
-    image_backbone_dim=6,
-    text_backbone_dim=4,
-    novelty_bank=0,
-    variance_reads_backbone=True,
-)
+READS_BACKBONE = TINY_HEADS.replace(dropout=0.5, variance_reads_backbone=True)
 
 
 def by_hand(heads: FeatureHeads, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
