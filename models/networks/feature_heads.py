@@ -67,6 +67,12 @@ class FeatureHeads(nn.Module):
         z = self.standardize(features).repeat(masks.shape[0], 1)  # (S*N, F), once per item
         return self.heads(hidden, z * input_mask), hidden
 
+    def means(self, features: torch.Tensor) -> torch.Tensor:
+        """features (N, F) -> the deterministic mu (N, D) alone: the hidden units and the mean
+        head, without dropout or the log-variance head (the same numbers as forward's mu with
+        all-ones masks)."""
+        return self.heads.mean(self.hidden(features))
+
     def masked_inputs(
         self, features: torch.Tensor, masks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,14 +67,17 @@ class GaussianHeads(nn.Module):
         else:
             self.logvar_head = None
 
+    def mean(self, features: torch.Tensor) -> torch.Tensor:
+        """features (M, F) -> mu (M, D), without the log-variance head."""
+        mu = self.mu_head(features)
+        return nn.functional.normalize(mu, dim=-1) if self.normalize_mu else mu
+
     def forward(
         self, features: torch.Tensor, variance_features: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """features (M, F) -> mu, logvar (M, D); the log-variance head reads
         `variance_features` (M, F') instead when given."""
-        mu = self.mu_head(features)  # (M, D)
-        if self.normalize_mu:
-            mu = nn.functional.normalize(mu, dim=-1)
+        mu = self.mean(features)  # (M, D)
         if self.logvar_head is None:
             return mu, torch.full_like(mu, self.point_logvar)
         if variance_features is not None:
