@@ -292,14 +292,14 @@ def _gallery_targets(
     if targets is None or model.config.model_type == "pvse":
         return None
     if isinstance(model, HeadsModel):
-        image_mu, caption_mu = _split_means(model, split, device)
+        image_mu, caption_mu = encode_split_means(model, split, device)
     else:
         image_mu, _, caption_mu, _ = encode_split(model, split, device)
     return targets(image_mu, caption_mu, split.plausible_pairs)
 
 
 @torch.no_grad()
-def _split_means(
+def encode_split_means(
     model: HeadsModel, split: SplitTensors, device: torch.device, batch_size: int = 512
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The deterministic means of a split's images and captions, as encode_split gives them,

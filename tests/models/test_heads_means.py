@@ -1,13 +1,13 @@
-"""FeatureHeads.means: the deterministic means alone, which the training's whole-gallery
-variance targets read each epoch, must be exactly the means of the full encode (dropout off,
-both heads run) that they replace, or the targets and every model trained on them would
-change."""
+"""encode_split_means (FeatureHeads.means over a split): the deterministic means alone, which
+the training's whole-gallery variance targets read each epoch, must be exactly the means of
+the full encode (dropout off, both heads run) that they replace, or the targets and every
+model trained on them would change."""
 
 import pytest
 import torch
 
 from models.networks.probabilistic_model import HeadsModel
-from models.training.train import encode_split
+from models.training.train import encode_split, encode_split_means
 from models.training.training_data import SplitTensors
 from tests.models.conftest import TINY_HEADS
 
@@ -30,6 +30,6 @@ def test_the_means_alone_equal_the_full_encodes_means(reads_backbone, normalize_
         caption_image=torch.arange(900) % 700,
     )
     image_mu, _, caption_mu, _ = encode_split(model, split, torch.device("cpu"))
-    with torch.no_grad():
-        assert torch.equal(model.image_encoder.means(split.pixels), image_mu)
-        assert torch.equal(model.text_encoder.means(split.ids), caption_mu)
+    image_means, caption_means = encode_split_means(model, split, torch.device("cpu"))
+    assert torch.equal(image_means, image_mu)
+    assert torch.equal(caption_means, caption_mu)
