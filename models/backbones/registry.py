@@ -20,7 +20,7 @@ from models.threads import ThreadBudget
 Modality = Literal["image", "text"]
 SHIPPED = {
     "image": ("efficientnet-lite0", "efficientnet-lite0-style"),
-    "text": ("all-minilm-l6-v2",),
+    "text": ("all-minilm-l6-v2", "all-minilm-l6-v2-layers"),
 }
 
 
@@ -101,9 +101,10 @@ def _shipped(name: str, modality: Modality) -> Backbone:
         key = f"{image.name}{image.readout}-{weights_fingerprint(image.weights_path)}"
         return Backbone(modality, key, image.dim, image, image, image_size=image.image_size)
     from models.backbones.text_backbone import MAX_TOKENS, MiniLM
+    from models.backbones.text_layers_backbone import MiniLMLayers
 
-    text = MiniLM()
-    key = f"{text.name}-{weights_fingerprint(text.weights_path)}"
+    text = MiniLMLayers() if name == MiniLMLayers.name else MiniLM()
+    key = f"{text.name}{getattr(text, 'readout', '')}-{weights_fingerprint(text.weights_path)}"
     return Backbone(
         modality, key, text.dim, text, text, tokenizer_file=text.tokenizer_file,
         max_tokens=MAX_TOKENS,
