@@ -493,6 +493,11 @@ class TrainConfig:
     lr: Annotated[float, Option("Adam learning rate (x0.1 when validation stops improving)")] = 2e-3
     lr_patience: int = 3  # epochs without improvement before lr *= lr_decay
     lr_decay: float = 0.1
+    # Validate, keep and export an exponential moving average of the weights, updated after
+    # every step at this decay (0: the weights as trained; models.training.train).
+    ema_decay: Annotated[
+        float, Option("decay of the weights' moving average that is validated and kept (0: off)")
+    ] = 0.0
     # Implemented in models.objectives.
     objective: Annotated[
         str,
@@ -627,6 +632,8 @@ class TrainConfig:
             raise ConfigError("need lr > 0 and margin >= 0")
         if self.match_lr is not None and not self.match_lr > 0:
             raise ConfigError(f"match lr must be > 0 (or None), got {self.match_lr}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.patience < 0 or self.lr_patience < 0:
             raise ConfigError("need patience >= 0 and lr patience >= 0")
         if self.negatives not in ("hardest", "sum"):

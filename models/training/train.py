@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from models.datasets.records import load_dataset
@@ -247,9 +248,10 @@ def train_epoch(
     device: torch.device,
     progress: bool,
     probes: ImageProbes | None = None,
+    average: AveragedModel | None = None,
 ) -> float:
     """One pass over the training images; returns the mean batch loss (with `probes`, plus
-    their weighted losses)."""
+    their weighted losses). `average`, if any, takes the weights after every step."""
     targets = _gallery_targets(model, split, config, device)
     model.train()
     generator = torch.Generator(device=device).manual_seed(config.seed * 100_003 + epoch)
@@ -279,6 +281,8 @@ def train_epoch(
                 model, split, config, batch, negatives, generator, probes, targets
             )
         total, steps = total + _step(model, optimizer, loss, config), steps + 1
+        if average is not None:
+            _update_average(average, model)
     return total / max(steps, 1)
 
 
@@ -467,11 +471,13 @@ def _save_epoch_state(
     history: list[dict[str, Any]],
     best: dict[str, Any],
     probes: ImageProbes | None = None,
+    average: AveragedModel | None = None,
 ) -> None:
     """Write last.pt (everything --resume needs) and history.json after an epoch."""
     torch.save(
         {
             "probes": probes.state_dict() if probes is not None else None,
+            "average": average.state_dict() if average is not None else None,
             "model_config": model_config.to_dict(),
             "train_config": dataclasses.asdict(train_config),
             "model": model.state_dict(),
@@ -618,6 +624,24 @@ def _image_probes(
     )
 
 
+def _moving_average(model: ProbabilisticModel, decay: float) -> AveragedModel | None:
+    """The exponential moving average of `model`'s weights at `decay` (None when 0): after
+    step t it holds decay * average + (1 - decay) * weights, starting at the weights of the
+    first step."""
+    if decay == 0.0:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
+
+
+def _update_average(average: AveragedModel, model: ProbabilisticModel) -> None:
+    """Average the weights after a step; the buffers (batch-norm statistics, counters, fitted
+    standardisations) are taken as they are, not averaged."""
+    average.update_parameters(model)
+    with torch.no_grad():
+        for kept, current in zip(average.module.buffers(), model.buffers(), strict=True):
+            kept.copy_(current)
+
+
 def _patience_spent(history: list[dict[str, Any]], best: dict[str, Any], patience: int) -> bool:
     """Whether `patience` epochs have passed since the best one (patience 0: never stop)."""
     return patience > 0 and len(history) - int(best["epoch"]) >= patience
@@ -674,8 +698,11 @@ def train(
         best: dict[str, Any] = (
             state["best"] if state else {"score": -1.0, "epoch": 0, "recalls": {}}
         )
+        average = _moving_average(model, train_config.ema_decay)
         if state:
             model.load_state_dict(state["model"])
+            if average is not None:
+                average.load_state_dict(state["average"])
             if probes is not None:
                 probes.load_state_dict(state["probes"])
             optimizer.load_state_dict(state["optimizer"])
@@ -688,9 +715,11 @@ def train(
             started = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
             loss = train_epoch(
-                model, optimizer, train_split, train_config, epoch, device, progress, probes
-            )
-            recalls, ld_image, ld_caption, at_bound = validate(model, val_split, device)
+                model, optimizer, train_split, train_config, epoch, device, progress, probes,
+                average,
+            )  # fmt: skip
+            kept = model if average is None else average.module
+            recalls, ld_image, ld_caption, at_bound = validate(kept, val_split, device)
             report = EpochReport(
                 epoch + 1, loss, recalls, ld_image, ld_caption, at_bound, lr,
                 time.perf_counter() - started,
@@ -710,12 +739,12 @@ def train(
                     "log_det_caption": ld_caption,
                     "at_bound": at_bound,
                 }
-                model.config = model_config.replace(training=info, validation=best)
-                save_checkpoint(model, out_dir / CHECKPOINT_FILE, epoch + 1)
-                model.config.save(out_dir)
+                kept.config = model_config.replace(training=info, validation=best)
+                save_checkpoint(kept, out_dir / CHECKPOINT_FILE, epoch + 1)
+                kept.config.save(out_dir)
             _save_epoch_state(
                 out_dir, model, model_config, train_config, optimizer, scheduler, history, best,
-                probes,
+                probes, average,
             )  # fmt: skip
     parity = export_encoders(load_model(out_dir), out_dir) if export else {}
     return TrainResult(out_dir, int(best["epoch"]), dict(best["recalls"]), history, parity)

@@ -331,3 +331,47 @@ def test_counterfactuals_change_what_is_learnt_and_are_seeded(small_shapes, tmp_
     swapped = TrainConfig(**{**QUICK.__dict__, "counterfactual_weight": 1.0})
     changed = seeded_and_changed(small_shapes, tmp_path, swapped, QUICK)
     assert any(n.startswith("image_encoder.blocks") for n in changed), changed
+
+
+def test_moving_average_is_what_is_kept_and_resumes_exactly(small_shapes, tmp_path, monkeypatch):
+    """ema_decay keeps the exponential moving average of the weights after every step,
+    computed here by hand from the weights each step leaves, starting at the first step's."""
+    import models.training.train as train_module
+
+    decay, after_steps = 0.7, []
+    step = train_module._step
+
+    def recording_step(model, optimizer, loss, config):
+        value = step(model, optimizer, loss, config)
+        after_steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        return value
+
+    monkeypatch.setattr(train_module, "_step", recording_step)
+    config, ema = ModelConfig(embed_dim=8), TrainConfig(**{**QUICK.__dict__, "ema_decay": decay})
+    quiet = {"progress": False, "export": False, "log": lambda line: None}
+    train(small_shapes, tmp_path / "ema", config, TrainConfig(**{**ema.__dict__, "epochs": 1}),
+          **quiet)  # fmt: skip
+    expected = dict(after_steps[0])
+    for weights in after_steps[1:]:
+        expected = {n: decay * expected[n] + (1 - decay) * w for n, w in weights.items()}
+    kept = kept_weights(tmp_path / "ema")
+    assert len(after_steps) > 1
+    for name, tensor in expected.items():
+        torch.testing.assert_close(kept[name], tensor, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(kept[n], w) for n, w in after_steps[-1].items())
+    monkeypatch.setattr(train_module, "_step", step)
+    train(small_shapes, tmp_path / "ema", config, ema, resume=True, **quiet)
+    train(small_shapes, tmp_path / "straight", config, ema, **quiet)
+    for name, tensor in kept_weights(tmp_path / "straight").items():
+        torch.testing.assert_close(kept_weights(tmp_path / "ema")[name], tensor, rtol=0, atol=0)
+
+
+def kept_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(model_dir / "checkpoint.pt", weights_only=True)["state_dict"]
+
+
+def test_moving_average_decay_outside_0_1_is_refused() -> None:
+    from models.networks.model_config import ConfigError
+
+    with pytest.raises(ConfigError, match="ema_decay"):
+        TrainConfig(ema_decay=1.0)
