@@ -1008,6 +1008,11 @@ def parse_args() -> argparse.Namespace:
         help="with --backbones: every run's image backbone (default: the runs' own, "
         f"{BACKBONES['image_backbone']})",
     )
+    parser.add_argument(
+        "--text-backbone",
+        help="with --backbones: every run's text backbone (default: the runs' own, "
+        f"{BACKBONES['text_backbone']})",
+    )
     parser.add_argument("--work-dir", type=Path, help="default: runs/model_comparison[_clipart]")
     parser.add_argument("--doc", type=Path, help="default: docs/results.md or results-clipart.md")
     parser.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img")
@@ -1015,8 +1020,8 @@ def parse_args() -> argparse.Namespace:
     clipart = args.dataset == "clipart"
     if args.backbones and not clipart:
         parser.error("--backbones goes with --dataset clipart")
-    if args.image_backbone and not args.backbones:
-        parser.error("--image-backbone goes with --backbones")
+    if (args.image_backbone or args.text_backbone) and not args.backbones:
+        parser.error("--image-backbone and --text-backbone go with --backbones")
     name = "_clipart" * clipart + "_backbones" * args.backbones
     args.work_dir = args.work_dir or ROOT / "runs" / f"model_comparison{name}"
     args.doc = args.doc or ROOT / "docs" / f"results{name.replace('_', '-')}.md"
@@ -1029,16 +1034,17 @@ def parse_args() -> argparse.Namespace:
     if unknown or not args.seeds:
         parser.error(f"unknown runs {sorted(unknown)}" if unknown else "--seeds is empty")
     args.selected = [
-        with_image_backbone(r, args.image_backbone) for r in runs if not names or r.name in names
+        with_backbones(r, args.image_backbone, args.text_backbone)
+        for r in runs
+        if not names or r.name in names
     ]
     return args
 
 
-def with_image_backbone(run: Run, image_backbone: str | None) -> Run:
-    """The run with `image_backbone` in place of its own (unchanged when None)."""
-    if image_backbone is None:
-        return run
-    return replace(run, model={**run.model, "image_backbone": image_backbone})
+def with_backbones(run: Run, image_backbone: str | None, text_backbone: str | None) -> Run:
+    """The run with the named backbones in place of its own (each kept when None)."""
+    named = {"image_backbone": image_backbone, "text_backbone": text_backbone}
+    return replace(run, model={**run.model, **{k: v for k, v in named.items() if v}})
 
 
 def timed(function: Callable[[], Any]) -> tuple[Any, float]:
