@@ -493,6 +493,10 @@ class TrainConfig:
     lr: Annotated[float, Option("Adam learning rate (x0.1 when validation stops improving)")] = 2e-3
     lr_patience: int = 3  # epochs without improvement before lr *= lr_decay
     lr_decay: float = 0.1
+    # AdamW's decoupled weight decay on the encoders' weights (0: Adam, as always before).
+    weight_decay: Annotated[
+        float, Option("AdamW weight decay of the encoders' weights (0: plain Adam)")
+    ] = 0.0
     # Validate, keep and export an exponential moving average of the weights, updated after
     # every step at this decay (0: the weights as trained; models.training.train).
     ema_decay: Annotated[
@@ -632,6 +636,8 @@ class TrainConfig:
             raise ConfigError("need lr > 0 and margin >= 0")
         if self.match_lr is not None and not self.match_lr > 0:
             raise ConfigError(f"match lr must be > 0 (or None), got {self.match_lr}")
+        if not self.weight_decay >= 0.0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.patience < 0 or self.lr_patience < 0:

@@ -583,12 +583,21 @@ def _refuse_for_backbones(config: TrainConfig) -> None:
 
 
 def parameter_groups(model: ProbabilisticModel, config: TrainConfig) -> list[dict[str, Any]]:
-    """The encoders at `lr`, the match probability's a and b at `match_learning_rate`."""
+    """The encoders at `lr` with `weight_decay`, the match probability's a and b at
+    `match_learning_rate` without it."""
     match = [model.match_log_scale, model.match_shift]
     ids = {id(p) for p in match}
     encoders = [p for p in model.parameters() if id(p) not in ids]
     match_lr = match_learning_rate(config)
-    return [{"params": encoders, "lr": config.lr}, {"params": match, "lr": match_lr}]
+    return [
+        {"params": encoders, "lr": config.lr, "weight_decay": config.weight_decay},
+        {"params": match, "lr": match_lr, "weight_decay": 0.0},
+    ]
+
+
+def _optimizer(groups: list[dict[str, Any]], config: TrainConfig) -> torch.optim.Optimizer:
+    """Adam, or AdamW (decay decoupled from the gradient's scale) when weight_decay is set."""
+    return torch.optim.AdamW(groups) if config.weight_decay else torch.optim.Adam(groups)
 
 
 def _image_probes(
@@ -689,8 +698,10 @@ def train(
         groups = parameter_groups(model, train_config)
         if probes is not None:
             probes.to(device)
-            groups.append({"params": list(probes.parameters()), "lr": train_config.lr})
-        optimizer = torch.optim.Adam(groups)
+            groups.append(
+                {"params": list(probes.parameters()), "lr": train_config.lr, "weight_decay": 0.0}
+            )
+        optimizer = _optimizer(groups, train_config)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode="max", factor=train_config.lr_decay, patience=train_config.lr_patience
         )

@@ -375,3 +375,30 @@ def test_moving_average_decay_outside_0_1_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="ema_decay"):
         TrainConfig(ema_decay=1.0)
+
+
+def test_weight_decay_shrinks_the_encoders_alone_decoupled_from_the_gradient() -> None:
+    """With a zero gradient AdamW's step is the decay alone: every encoder weight times
+    1 - lr * weight_decay (Loshchilov and Hutter), the match logit's a and b untouched; with
+    weight_decay 0 the optimiser is plain Adam, as before the option."""
+    from models.training.train import _optimizer, parameter_groups
+
+    model = build_model(ModelConfig(model_type="gcie", metric="csd", vocab_size=20))
+    config = TrainConfig(lr=0.1, weight_decay=0.5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = _optimizer(parameter_groups(model, config), config)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    (0.0 * sum(p.sum() for p in model.parameters())).backward()
+    optimizer.step()
+    for name, param in model.named_parameters():
+        factor = 1.0 if name in ("match_log_scale", "match_shift") else 1.0 - 0.1 * 0.5
+        torch.testing.assert_close(param.detach(), before[name] * factor)
+    plain = TrainConfig(lr=0.1)
+    assert type(_optimizer(parameter_groups(model, plain), plain)) is torch.optim.Adam
+
+
+def test_negative_weight_decay_is_refused() -> None:
+    from models.networks.model_config import ConfigError
+
+    with pytest.raises(ConfigError, match="weight_decay"):
+        TrainConfig(weight_decay=-0.1)
