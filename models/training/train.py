@@ -282,7 +282,7 @@ def train_epoch(
             )
         total, steps = total + _step(model, optimizer, loss, config), steps + 1
         if average is not None:
-            _update_average(average, model)
+            average.update_parameters(model)
     return total / max(steps, 1)
 
 
@@ -636,19 +636,11 @@ def _image_probes(
 def _moving_average(model: ProbabilisticModel, decay: float) -> AveragedModel | None:
     """The exponential moving average of `model`'s weights at `decay` (None when 0): after
     step t it holds decay * average + (1 - decay) * weights, starting at the weights of the
-    first step."""
+    first step. Buffers (batch-norm statistics, fitted standardisations, the novelty bank) are
+    not averaged: torch copies the model's into it after every step."""
     if decay == 0.0:
         return None
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
-
-
-def _update_average(average: AveragedModel, model: ProbabilisticModel) -> None:
-    """Average the weights after a step; the buffers (batch-norm statistics, counters, fitted
-    standardisations) are taken as they are, not averaged."""
-    average.update_parameters(model)
-    with torch.no_grad():
-        for kept, current in zip(average.module.buffers(), model.buffers(), strict=True):
-            kept.copy_(current)
 
 
 def _patience_spent(history: list[dict[str, Any]], best: dict[str, Any], patience: int) -> bool:

@@ -359,6 +359,11 @@ def test_moving_average_is_what_is_kept_and_resumes_exactly(small_shapes, tmp_pa
     for name, tensor in expected.items():
         torch.testing.assert_close(kept[name], tensor, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(kept[n], w) for n, w in after_steps[-1].items())
+    trained = state_of(tmp_path / "ema")  # the weights as trained, after the same single epoch
+    buffers = [n for n in trained if n.endswith("running_mean") or n.endswith("running_var")]
+    assert buffers
+    for name in buffers:  # batch-norm statistics are the trained model's, not averaged
+        torch.testing.assert_close(kept[name], trained[name], rtol=0, atol=0)
     monkeypatch.setattr(train_module, "_step", step)
     train(small_shapes, tmp_path / "ema", config, ema, resume=True, **quiet)
     train(small_shapes, tmp_path / "straight", config, ema, **quiet)
