@@ -71,7 +71,8 @@ def _grey():
 
 def load_backbone(spec: str, modality: Modality) -> Backbone:
     """The backbone `spec` names: one of SHIPPED (efficientnet-lite0, efficientnet-lite0-style,
-    all-minilm-l6-v2), or an .onnx path (a text graph reads the tokenizer.json beside it)."""
+    all-minilm-l6-v2, all-minilm-l6-v2-layers), or an .onnx path (a text graph reads the
+    tokenizer.json beside it)."""
     check_spec(spec, modality)
     if spec in SHIPPED[modality]:
         return _shipped(spec, modality)
@@ -104,7 +105,7 @@ def _shipped(name: str, modality: Modality) -> Backbone:
     from models.backbones.text_layers_backbone import MiniLMLayers
 
     text = MiniLMLayers() if name == MiniLMLayers.name else MiniLM()
-    key = f"{text.name}{getattr(text, 'readout', '')}-{weights_fingerprint(text.weights_path)}"
+    key = f"{text.name}{text.readout}-{weights_fingerprint(text.weights_path)}"
     return Backbone(
         modality, key, text.dim, text, text, tokenizer_file=text.tokenizer_file,
         max_tokens=MAX_TOKENS,

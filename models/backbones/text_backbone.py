@@ -23,6 +23,7 @@ class MiniLM(nn.Module):
     """Captions -> unit features (N, 384) float32; frozen, in eval mode."""
 
     name = "all-minilm-l6-v2"
+    readout = ""  # names a readout other than the last layer's mean in the feature cache's key
     dim = 384
 
     def __init__(self) -> None:
