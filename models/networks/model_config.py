@@ -171,14 +171,14 @@ class ModelConfig:
         int, Option("pvse: K embeddings per item (on backbones: K residual heads of the vector)")
     ] = 2
     # A frozen pretrained backbone per modality instead of the small encoders trained from
-    # scratch: a name of models.backbones (efficientnet-lite0, all-minilm-l6-v2) or the path of
-    # an ONNX graph (models.backbones.onnx_backbone; a text graph with tokenizer.json beside
-    # it). Only the heads (models.networks.feature_heads) are trained, on cached features.
+    # scratch: a name of models.backbones.registry.SHIPPED or the path of an ONNX graph
+    # (models.backbones.onnx_backbone; a text graph with tokenizer.json beside it). Only the
+    # heads (models.networks.feature_heads) are trained, on cached features.
     image_backbone: Annotated[
-        str, Option("'' (CNN from scratch) | efficientnet-lite0 | path of an ONNX image encoder")
+        str, Option("'' (CNN from scratch) | efficientnet-lite0[-style] | an ONNX image encoder")
     ] = ""
     text_backbone: Annotated[
-        str, Option("'' (GRU from scratch) | all-minilm-l6-v2 | path of an ONNX text encoder")
+        str, Option("'' (GRU from scratch) | all-minilm-l6-v2[-layers] | an ONNX text encoder")
     ] = ""
     image_backbone_dim: int = 0  # the backbones' feature widths, recorded when training starts
     text_backbone_dim: int = 0
