@@ -183,6 +183,11 @@ class ModelConfig:
     image_backbone_dim: int = 0  # the backbones' feature widths, recorded when training starts
     text_backbone_dim: int = 0
     head_hidden: Annotated[int, Option("hidden width of the heads on a pretrained backbone")] = 512
+    # The image heads read the backbone vector's coordinates on its first K principal
+    # components of the train split (models.networks.principal_components); 0 = the vector.
+    image_components: Annotated[
+        int, Option("pretrained: image heads read the first K principal components (0: off)")
+    ] = 0
     # The log-variance head reads the backbone vector itself, not the hidden units that the
     # mean's objective shapes (models.networks.feature_heads).
     variance_reads_backbone: Annotated[
@@ -250,6 +255,17 @@ class ModelConfig:
                 "variance_reads_backbone needs pretrained backbones (--image-backbone and "
                 "--text-backbone)"
             )
+        if self.image_components and not self.pretrained:
+            raise ConfigError(
+                "image_components needs pretrained backbones (--image-backbone and --text-backbone)"
+            )
+        if self.image_components < 0:
+            raise ConfigError(f"image_components must be >= 0, got {self.image_components}")
+        if self.image_backbone_dim and self.image_components > self.image_backbone_dim:
+            raise ConfigError(
+                f"image_components ({self.image_components}) cannot exceed the image "
+                f"backbone's {self.image_backbone_dim} features"
+            )
         if self.text_backbone_int8 and not self.pretrained:
             raise ConfigError(
                 "text_backbone_int8 needs pretrained backbones (--image-backbone and "
@@ -294,10 +310,17 @@ class ModelConfig:
         """The feature width of the image or text backbone (pretrained models)."""
         return self.image_backbone_dim if modality == "image" else self.text_backbone_dim
 
+    def heads_input_dim(self, modality: str) -> int:
+        """The width of the vector a pretrained model's heads read: the backbone's, or its
+        number of principal components (image_components)."""
+        if modality == "image" and self.image_components:
+            return self.image_components
+        return self.backbone_dim(modality)
+
     def head_mask_width(self, modality: str) -> int:
-        """Width of a pretrained model's dropout mask: one entry per backbone feature, then
-        one per hidden unit of the heads (models.networks.feature_heads)."""
-        return self.backbone_dim(modality) + self.head_hidden
+        """Width of a pretrained model's dropout mask: one entry per feature the heads read,
+        then one per hidden unit of the heads (models.networks.feature_heads)."""
+        return self.heads_input_dim(modality) + self.head_hidden
 
     @property
     def search_metric(self) -> str:

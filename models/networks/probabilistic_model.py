@@ -14,6 +14,7 @@ from models.networks.feature_novelty import load_bank
 from models.networks.heads import dropout_masks
 from models.networks.image_encoder import ImageEncoder
 from models.networks.model_config import CHECKPOINT_FILE, ConfigError, ModelConfig
+from models.networks.principal_components import PrincipalComponents
 from models.networks.text_encoder import TextEncoder
 from models.pvse.network import (
     PvseFeatureHeads,
@@ -169,6 +170,8 @@ class HeadsModel(ProbabilisticModel):
     exported graphs put them in front of the heads (models.onnx.export). encode_images takes
     image features (N, F_img), encode_texts caption features (N, F_txt); the lengths a small
     text encoder needs are accepted and ignored, so the training loop serves both kinds.
+    With image_components, `image_projection` turns backbone vectors into the coordinates the
+    image heads read: training projects its splits once, the exported graphs every input.
     """
 
     heads_class: type[FeatureHeads] = FeatureHeads  # PvseHeadsModel: pvse's K heads
@@ -176,8 +179,13 @@ class HeadsModel(ProbabilisticModel):
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = config
+        self.image_projection = (
+            PrincipalComponents(config.image_backbone_dim, config.image_components)
+            if config.image_components
+            else None
+        )
         self.image_encoder = self.heads_class(
-            config.image_backbone_dim, config, config.gaussian_images, config.novelty_bank
+            config.heads_input_dim("image"), config, config.gaussian_images, config.novelty_bank
         )
         self.text_encoder = self.heads_class(
             config.text_backbone_dim, config, gaussian=config.gaussian_captions

@@ -49,6 +49,7 @@ from models.networks.model_config import (
     ModelConfig,
 )
 from models.networks.preprocess import backbone_pixels
+from models.networks.principal_components import PrincipalComponents
 from models.networks.probabilistic_model import HeadsModel
 from models.onnx.encoder_runtime import pixel_dtype
 from models.onnx.parity import PARITY_ATOL, ExportError
@@ -72,15 +73,16 @@ def export_pretrained(model: HeadsModel, model_dir: Path) -> dict[str, float]:
                            ("text", model.config.text_backbone)):  # fmt: skip
         whole, heads_file = (model_dir / name for name in FILES[modality])
         heads = model.image_encoder if modality == "image" else model.text_encoder
+        projection = model.image_projection if modality == "image" else None
         backbone = load_backbone(spec, modality)
         with tempfile.TemporaryDirectory() as tmp:
             graph, features_of = _served_backbone(backbone, model.config, Path(tmp))
             opset = _default_opset(onnx.load(str(graph)))
-            export_heads(heads, heads_file, opset)
-            differences[heads_file.name] = _heads_parity(heads, heads_file)
+            export_heads(heads, heads_file, opset, projection)
+            differences[heads_file.name] = _heads_parity(heads, heads_file, projection)
             _join(graph, heads_file, whole)
             differences[whole.name] = _whole_parity(
-                model, backbone, features_of, heads, whole, model_dir
+                model, backbone, features_of, _GraphHeads(heads, projection), whole, model_dir
             )
     return differences
 
@@ -100,14 +102,17 @@ def _served_backbone(
 
 
 class _GraphHeads(torch.nn.Module):
-    """What a heads graph computes: mu and logvar (pvse: and the K embeddings), then the
-    novelty when the heads hold a bank."""
+    """What a heads graph computes from a backbone vector: its principal components when the
+    model projects it (image_components), then mu and logvar (pvse: and the K embeddings), then
+    the novelty when the heads hold a bank."""
 
-    def __init__(self, heads: FeatureHeads) -> None:
+    def __init__(self, heads: FeatureHeads, projection: PrincipalComponents | None) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.projection = heads, projection
 
     def forward(self, features: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.projection is not None:
+            features = self.projection(features)
         outputs = tuple(self.heads(features, masks))
         if self.heads.novelty is None:
             return outputs
@@ -120,17 +125,23 @@ def graph_outputs(heads: FeatureHeads) -> list[str]:
     return ["mu", "logvar", *pvse] + (["novelty"] if heads.novelty is not None else [])
 
 
-def export_heads(heads: FeatureHeads, path: Path, opset: int = OPSET) -> None:
-    """The heads alone: features (N, F) and dropout_masks (S, N, F + H) -> mu, logvar (pvse:
-    and embeddings; and novelty)."""
-    features, masks = _example(heads, batch=3, draws=2, seed=0)
+def export_heads(
+    heads: FeatureHeads,
+    path: Path,
+    opset: int = OPSET,
+    projection: PrincipalComponents | None = None,
+) -> None:
+    """The heads alone: features (N, F) and dropout_masks (S, N, F' + H) -> mu, logvar (pvse:
+    and embeddings; and novelty). F' is F, or the number of principal components the
+    `projection` in front of the heads keeps."""
+    features, masks = _example(heads, batch=3, draws=2, seed=0, projection=projection)
     outputs = graph_outputs(heads)
     axes = {"mu": {0: "rows"}, "logvar": {0: "rows"}, "embeddings": {0: "rows"},
             "novelty": {0: "N"}}  # fmt: skip
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporter's deprecation notice
         torch.onnx.export(
-            _GraphHeads(heads), (features, masks), str(path),
+            _GraphHeads(heads, projection), (features, masks), str(path),
             input_names=["features", "dropout_masks"], output_names=outputs,
             opset_version=opset, dynamo=False,
             dynamic_axes={"features": {0: "N"}, "dropout_masks": {0: "S", 1: "N"},
@@ -164,28 +175,41 @@ def _default_opset(graph: onnx.ModelProto) -> int:
     return next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _example(heads: FeatureHeads, batch: int, draws: int, seed: int):
+def _example(
+    heads: FeatureHeads,
+    batch: int,
+    draws: int,
+    seed: int,
+    projection: PrincipalComponents | None = None,
+):
     """Backbone vectors like those the heads were fitted on, and dropout masks. Heads that
     standardise their input get vectors of the training split's mean and sd: standard normal
     ones, against MiniLM's features of sd 0.04, sat 25 sd out and drove the log-variance
     into its clamp, where float32 rounding alone broke the parity check (1.2e-4 after a
-    4-epoch training of the demo's recipe)."""
+    4-epoch training of the demo's recipe). Behind a projection, those are the vectors'
+    coordinates, lifted back to backbone vectors."""
     generator = torch.Generator().manual_seed(seed)
     features = torch.randn((batch, heads.in_features), generator=generator)
     if heads.standardize is not None:
         features = heads.standardize.shift + heads.standardize.scale * features
+    elif projection is not None:
+        features = features * projection.sd
+    if projection is not None:
+        features = projection.lift(features)
     width = sum(heads.mask_widths)
     return features, dropout_masks((draws, batch, width), 0.5, generator)
 
 
-def _heads_parity(heads: FeatureHeads, path: Path) -> float:
+def _heads_parity(
+    heads: FeatureHeads, path: Path, projection: PrincipalComponents | None = None
+) -> float:
     """Max |torch - ORT| over the outputs, at batch and draw counts other than the traced."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    features, masks = _example(heads, batch=7, draws=4, seed=1)
+    features, masks = _example(heads, batch=7, draws=4, seed=1, projection=projection)
     with torch.no_grad():
-        expected = [t.numpy() for t in _GraphHeads(heads)(features, masks)]
+        expected = [t.numpy() for t in _GraphHeads(heads, projection)(features, masks)]
     feeds = {"features": features.numpy(), "dropout_masks": masks.numpy()}
     got = session.run(graph_outputs(heads), feeds)
     return _checked(path, expected, got)
@@ -195,7 +219,7 @@ def _whole_parity(
     model: HeadsModel,
     backbone: Backbone,
     features_of: Callable[[list], np.ndarray],
-    heads: FeatureHeads,
+    graph_heads: _GraphHeads,
     path: Path,
     model_dir: Path,
 ) -> float:
@@ -209,10 +233,11 @@ def _whole_parity(
                           torch.Generator().manual_seed(2))  # fmt: skip
     with torch.no_grad():
         features = torch.from_numpy(features_of(list(raw)))
-        expected = [t.numpy() for t in _GraphHeads(heads)(features, masks)]
+        expected = [t.numpy() for t in graph_heads(features, masks)]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feeds = _feeds(backbone, raw, model_dir / TOKENIZER_FILE, model.config, session)
-    got = session.run(graph_outputs(heads), {**feeds, "dropout_masks": masks.numpy()})
+    outputs = graph_outputs(graph_heads.heads)
+    got = session.run(outputs, {**feeds, "dropout_masks": masks.numpy()})
     return _checked(path, expected, got)
 
 

@@ -558,6 +558,32 @@ def _fit_variance_inputs(model: ProbabilisticModel, split: SplitTensors) -> None
             standardize.fit(features.float())
 
 
+def _projected(
+    model: ProbabilisticModel, train: SplitTensors, val: SplitTensors
+) -> tuple[SplitTensors, SplitTensors]:
+    """With image_components, fit the image projection on the train split's backbone vectors
+    and return both splits with their image vectors projected, once for the whole training
+    (a resumed run fits the same projection: the fit is seeded)."""
+    projection = getattr(model, "image_projection", None)
+    if projection is None:
+        return train, val
+    try:
+        projection.fit(train.pixels)
+    except ValueError as error:
+        raise ConfigError(f"image_components: {error}; choose fewer") from error
+    with torch.no_grad():
+        return tuple(  # type: ignore[return-value]
+            dataclasses.replace(split, pixels=_project(projection, split.pixels))
+            for split in (train, val)
+        )
+
+
+def _project(projection: torch.nn.Module, vectors: torch.Tensor) -> torch.Tensor:
+    """The vectors projected where the projection lives, returned where they were."""
+    device = projection.centre.device
+    return projection(vectors.to(device).float()).to(vectors.device)
+
+
 def _fit_novelty(model: ProbabilisticModel, split: SplitTensors, seed: int, out: Path) -> None:
     """Fill the image heads' novelty bank from the train split's backbone vectors and save it
     into the model dir (models on pretrained backbones; a resumed run fits the same bank)."""
@@ -684,6 +710,7 @@ def train(
         device = pick_device()
         model = build_model(model_config).to(device)
         start_match(model, train_config.objective)  # a resumed run loads its own below
+        train_split, val_split = _projected(model, train_split, val_split)
         _fit_novelty(model, train_split, train_config.seed, out_dir)
         _fit_variance_inputs(model, train_split)
         probes = _image_probes(model_config, train_config, train_split)
