@@ -19,7 +19,11 @@ after 250 standardised). A dropped-out feature is set to its mean. The head's we
 zero, so every item starts at logvar_init.
 
 The image heads also hold the novelty bank (models.networks.feature_novelty): the score reads
-the backbone vector, not the heads, and is exported beside mu and logvar.
+the backbone vector, not the heads, and is exported beside mu and logvar. Behind a projection
+onto principal components (ModelConfig.image_components) it still reads the whole vector: an
+unfamiliar picture differs from the drawings most in the directions the projection drops
+(the 1/f textures refused fell from 100% to 21.5% when the bank held the 1,024 coordinates;
+docs/results-clipart-components.md).
 """
 
 from __future__ import annotations
@@ -36,7 +40,12 @@ class FeatureHeads(nn.Module):
     """features (N, F) + dropout masks (S, N, F + H) -> mu, logvar (S * N, D), draw-major."""
 
     def __init__(
-        self, in_features: int, config: ModelConfig, gaussian: bool, novelty_rows: int = 0
+        self,
+        in_features: int,
+        config: ModelConfig,
+        gaussian: bool,
+        novelty_rows: int = 0,
+        novelty_features: int = 0,
     ) -> None:
         super().__init__()
         self.in_features = in_features
@@ -45,7 +54,8 @@ class FeatureHeads(nn.Module):
         variance_in = in_features if self.reads_backbone else None
         self.heads = GaussianHeads(config.head_hidden, config, gaussian, variance_in)
         self.mask_widths = (in_features, config.head_hidden)
-        self.novelty = FeatureNovelty(novelty_rows, in_features) if novelty_rows else None
+        novelty_in = novelty_features or in_features  # the backbone's width behind a projection
+        self.novelty = FeatureNovelty(novelty_rows, novelty_in) if novelty_rows else None
         self.standardize = Standardize(in_features) if self.reads_backbone else None
         init_linear(self)
         if self.reads_backbone and self.heads.logvar_head is not None:

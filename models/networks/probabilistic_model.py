@@ -185,8 +185,9 @@ class HeadsModel(ProbabilisticModel):
             else None
         )
         self.image_encoder = self.heads_class(
-            config.heads_input_dim("image"), config, config.gaussian_images, config.novelty_bank
-        )
+            config.heads_input_dim("image"), config, config.gaussian_images,
+            config.novelty_bank, config.image_backbone_dim,
+        )  # fmt: skip
         self.text_encoder = self.heads_class(
             config.text_backbone_dim, config, gaussian=config.gaussian_captions
         )

@@ -104,16 +104,15 @@ def _served_backbone(
 class _GraphHeads(torch.nn.Module):
     """What a heads graph computes from a backbone vector: its principal components when the
     model projects it (image_components), then mu and logvar (pvse: and the K embeddings), then
-    the novelty when the heads hold a bank."""
+    the novelty of the vector itself when the heads hold a bank."""
 
     def __init__(self, heads: FeatureHeads, projection: PrincipalComponents | None) -> None:
         super().__init__()
         self.heads, self.projection = heads, projection
 
     def forward(self, features: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.projection is not None:
-            features = self.projection(features)
-        outputs = tuple(self.heads(features, masks))
+        read = features if self.projection is None else self.projection(features)
+        outputs = tuple(self.heads(read, masks))
         if self.heads.novelty is None:
             return outputs
         return (*outputs, self.heads.novelty(features))

@@ -163,9 +163,14 @@ class PvseFeatureHeads(FeatureHeads):
     """
 
     def __init__(
-        self, in_features: int, config: ModelConfig, gaussian: bool = False, novelty_rows: int = 0
+        self,
+        in_features: int,
+        config: ModelConfig,
+        gaussian: bool = False,
+        novelty_rows: int = 0,
+        novelty_features: int = 0,
     ) -> None:
-        super().__init__(in_features, config, gaussian=False, novelty_rows=novelty_rows)
+        super().__init__(in_features, config, False, novelty_rows, novelty_features)
         self.var_min = config.var_min
         self.num_embeds, self.embed_dim = config.num_embeds, config.embed_dim
         self.residual = nn.Linear(in_features, config.num_embeds * config.embed_dim)

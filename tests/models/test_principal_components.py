@@ -131,6 +131,19 @@ def test_the_served_graphs_read_the_backbone_vector_and_project_it(projected_dir
     assert np.abs(whole.mc_mu - whole.mu).max() > 1e-3
 
 
+def test_novelty_reads_the_whole_backbone_vector_not_the_components(projected_dir, small_data):
+    """Unfamiliar pictures differ most where the projection drops: the bank holds the train
+    drawings' whole vectors and the served novelty is theirs."""
+    model = load_model(projected_dir)
+    novelty = model.image_encoder.novelty
+    assert novelty.bank.shape[1] == 1280
+    images = [load_image(r.path) for r in load_dataset(small_data).split("test").images[:3]]
+    features = torch.from_numpy(load_backbone("efficientnet-lite0", "image").encode(images))
+    served = OnnxEncoder(projected_dir, "image").encode_images(images)
+    with torch.no_grad():
+        np.testing.assert_allclose(served.novelty, novelty(features).numpy(), atol=1e-5)
+
+
 def test_more_components_than_training_drawings_is_a_clear_error(small_data, tmp_path) -> None:
     quick = TrainConfig(epochs=1, patience=0, seed=0)
     config = PROJECTED.replace(image_components=500)
