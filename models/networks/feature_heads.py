@@ -23,7 +23,7 @@ the backbone vector, not the heads, and is exported beside mu and logvar. Behind
 onto principal components (ModelConfig.image_components) it still reads the whole vector: an
 unfamiliar picture differs from the drawings most in the directions the projection drops
 (the 1/f textures refused fell from 100% to 21.5% when the bank held the 1,024 coordinates;
-docs/results-clipart-components.md).
+benchmarks/results/components_novelty_on_coordinates.md).
 """
 
 from __future__ import annotations
