@@ -154,6 +154,15 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
                           **BACKBONES},
         {"variance_objective": "plausible_count", **NCE_TRAINING, **HEADS_TRAINING},
         "query_mahalanobis", ("w2",), reference="vse-nce"),
+    # The same, the image heads reading the first 1,024 principal components of the train
+    # split's image vectors (ModelConfig.image_components; the style backbone's 7,032 features
+    # made each epoch 2.7x slower; benchmarks/results/image_components_val.md)
+    Run("gcie-count-qm-pc", {"model_type": "gcie", "metric": "cosine",
+                             "variance_reads_only": True, "variance_reads_backbone": True,
+                             "search_with": "query_mahalanobis", "image_components": 1024,
+                             **BACKBONES},
+        {"variance_objective": "plausible_count", **NCE_TRAINING, **HEADS_TRAINING},
+        "query_mahalanobis", ("w2",), reference="vse-nce"),
     # gcie-w2's caption log-det follows ambiguity best with the hinge; the same with InfoNCE
     Run("gcie-w2-nce", {"model_type": "gcie", "metric": "w2", **BACKBONES},
         {"vib_beta": 1e-4, **NCE_TRAINING, **HEADS_TRAINING}, "w2", reference="vse-nce"),

@@ -38,7 +38,7 @@ def built(tmp_path_factory) -> tuple[Path, list[str]]:
         shutil.copytree(LIBRARY / folder, library / folder)
     plan = dataclasses.replace(
         CLIPART_PLAN, library=str(library), epochs=3, patience=0, embed_dim=16,
-        metrics=("query_mahalanobis", "w2"), mc_samples=4,
+        metrics=("query_mahalanobis", "w2"), mc_samples=4, image_components=16,
     )  # fmt: skip
     said: list[str] = []
     paths = build_demo(root / "cache", plan, None, say=said.append)
@@ -75,6 +75,7 @@ def test_the_examples_are_drawings_and_answers_carry_mutual_information(built) -
 def test_the_demo_serves_the_style_heads_with_query_mahalanobis() -> None:
     model, _ = demo_model(CLIPART_PLAN)
     assert model.image_backbone == "efficientnet-lite0-style"
+    assert model.image_components == 1024
     assert model.search_metric == "query_mahalanobis"
     assert CLIPART_PLAN.metrics[0] == "query_mahalanobis"
 
@@ -88,6 +89,7 @@ def test_another_image_backbone_changes_the_recipe_and_retrains_only_from_the_mo
     plain = with_image_backbone(CLIPART_PLAN, "efficientnet-lite0")
     model, _ = demo_model(plain)
     assert model.image_backbone == "efficientnet-lite0"
+    assert model.image_components == 0  # the 1,024 components were chosen for the style vector
     assert demo_model(CLIPART_PLAN)[0].image_backbone == "efficientnet-lite0-style"
     plain_keys, style_keys = _stage_keys(plain), _stage_keys(CLIPART_PLAN)
     assert plain_keys["data"] == style_keys["data"]  # the drawings are not rendered again
