@@ -29,6 +29,15 @@ TINY_HEADS = ModelConfig(
     text_backbone_dim=4,
     novelty_bank=0,
 )
+# Heads trained on the shipped backbones' real features of a small dataset (`small_data`).
+SMALL_HEADS = ModelConfig(
+    model_type="gcie",
+    embed_dim=16,
+    head_hidden=32,
+    dropout=0.2,
+    image_backbone="efficientnet-lite0",
+    text_backbone="all-minilm-l6-v2",
+)
 # The default optimiser settings, a fixed number of epochs (no early stop).
 TINY_TRAINING = TrainConfig(epochs=16, patience=0, seed=0)
 

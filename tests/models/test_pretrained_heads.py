@@ -28,15 +28,9 @@ from models.networks.preprocess import load_image
 from models.networks.probabilistic_model import HeadsModel, load_model
 from models.onnx.encoder_runtime import EncoderRuntimeError, OnnxEncoder
 from models.training.train import train
+from tests.models.conftest import SMALL_HEADS
 
-PRETRAINED = ModelConfig(
-    model_type="gcie",
-    embed_dim=16,
-    head_hidden=32,
-    dropout=0.2,
-    image_backbone="efficientnet-lite0",
-    text_backbone="all-minilm-l6-v2",
-)
+PRETRAINED = SMALL_HEADS
 QUICK = TrainConfig(epochs=2, patience=0, seed=0)
 CAPTIONS = ["a red circle", "two blue squares and a green star", "asdf qwerty"]
 

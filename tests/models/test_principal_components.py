@@ -18,6 +18,7 @@ from models.networks.principal_components import PrincipalComponents
 from models.networks.probabilistic_model import load_model
 from models.onnx.encoder_runtime import OnnxEncoder
 from models.training.train import train
+from tests.models.conftest import SMALL_HEADS
 
 
 def low_rank_data(rows: int = 200, features: int = 30, seed: int = 0) -> np.ndarray:
@@ -81,16 +82,7 @@ def test_the_config_refuses_components_without_backbones_or_beyond_the_vector() 
     assert config.replace(image_components=3).head_mask_width("text") == 4 + 5
 
 
-PROJECTED = ModelConfig(
-    model_type="gcie",
-    embed_dim=8,
-    head_hidden=16,
-    dropout=0.2,
-    image_backbone="efficientnet-lite0",
-    text_backbone="all-minilm-l6-v2",
-    variance_reads_backbone=True,
-    image_components=6,
-)
+PROJECTED = SMALL_HEADS.replace(variance_reads_backbone=True, image_components=6)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +111,8 @@ def test_the_served_graphs_read_the_backbone_vector_and_project_it(projected_dir
     images = [load_image(r.path) for r in load_dataset(small_data).split("test").images[:3]]
     features = torch.from_numpy(load_backbone("efficientnet-lite0", "image").encode(images))
     with torch.no_grad():
-        mu, logvar = model.image_encoder(model.image_projection(features), torch.ones(1, 3, 6 + 16))
+        ones = torch.ones(1, 3, PROJECTED.head_mask_width("image"))
+        mu, logvar = model.image_encoder(model.image_projection(features), ones)
     whole = OnnxEncoder(projected_dir, "image").encode_images(images, mc_samples=3, seed=4)
     heads = OnnxEncoder(projected_dir, "image", heads_only=True)
     alone = heads.encode_features(features.numpy(), mc_samples=3, seed=4)

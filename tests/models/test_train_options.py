@@ -52,8 +52,9 @@ def test_train_offers_every_option_field_as_it_is() -> None:
     # 36, then the two backbones, the heads' width, the novelty bank, infonce's temperature
     # PCME++'s mixed samples and label smoothing, where the heads' variance reads, and the
     # match BCE's pair weighting, the text backbone's int8 weights, and the service's default
-    # metric (search_with), the weights' moving average (ema_decay), AdamW's weight decay
-    assert len([f for config in CONFIGS for f, _ in option_fields(config)]) == 49
+    # metric (search_with), the weights' moving average (ema_decay), AdamW's weight decay, the
+    # image heads' principal components
+    assert len([f for config in CONFIGS for f, _ in option_fields(config)]) == 50
 
 
 def test_an_option_missing_from_the_dataclasses_fails_the_check() -> None:

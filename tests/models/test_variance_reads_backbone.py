@@ -17,7 +17,7 @@ from models.onnx.encoder_runtime import OnnxEncoder
 from models.onnx.export_pretrained import _heads_parity, export_heads
 from models.onnx.parity import PARITY_ATOL
 from models.training.train import train
-from tests.models.conftest import TINY_HEADS
+from tests.models.conftest import SMALL_HEADS, TINY_HEADS
 
 READS_BACKBONE = TINY_HEADS.replace(dropout=0.5, variance_reads_backbone=True)
 
@@ -90,14 +90,7 @@ def test_training_encodes_images_as_serving_does() -> None:
 
 @pytest.fixture(scope="module")
 def trained_dir(tmp_path_factory, small_data) -> Path:
-    config = ModelConfig(
-        embed_dim=16,
-        head_hidden=32,
-        dropout=0.2,
-        image_backbone="efficientnet-lite0",
-        text_backbone="all-minilm-l6-v2",
-        variance_reads_backbone=True,
-    )
+    config = SMALL_HEADS.replace(variance_reads_backbone=True)
     out = tmp_path_factory.mktemp("models") / "reads-backbone"
     quick = TrainConfig(epochs=3, patience=0, seed=0, lr=0.01)
     train(small_data, out, config, quick, progress=False)
