@@ -156,7 +156,7 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
         "query_mahalanobis", ("w2",), reference="vse-nce"),
     # The same, the image heads reading the first 1,024 principal components of the train
     # split's image vectors (ModelConfig.image_components; the style backbone's 7,032 features
-    # made each epoch 2.7x slower; benchmarks/results/image_components_val.md)
+    # made each epoch 2.5x as slow; benchmarks/results/image_components_val.md)
     Run("gcie-count-qm-pc", {"model_type": "gcie", "metric": "cosine",
                              "variance_reads_only": True, "variance_reads_backbone": True,
                              "search_with": "query_mahalanobis", "image_components": 1024,

@@ -710,8 +710,9 @@ def train(
         device = pick_device()
         model = build_model(model_config).to(device)
         start_match(model, train_config.objective)  # a resumed run loads its own below
-        _fit_novelty(model, train_split, train_config.seed, out_dir)  # the backbone's vectors
+        backbone_vectors = train_split  # the novelty bank keeps them whole
         train_split, val_split = _projected(model, train_split, val_split)
+        _fit_novelty(model, backbone_vectors, train_config.seed, out_dir)
         _fit_variance_inputs(model, train_split)
         probes = _image_probes(model_config, train_config, train_split)
         groups = parameter_groups(model, train_config)

@@ -143,3 +143,4 @@ def test_more_components_than_training_drawings_is_a_clear_error(small_data, tmp
     with pytest.raises(ConfigError, match="image_components: 500 principal components"):
         train(small_data, tmp_path / "m", config, quick, progress=False, export=False)
     assert not (tmp_path / "m" / "checkpoint.pt").exists()
+    assert not (tmp_path / "m" / "novelty_bank.npy").exists()
