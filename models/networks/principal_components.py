@@ -7,6 +7,9 @@ reading them were no worse on val, ahead on both R-Precisions (3 seeds;
 benchmarks/results/image_components_val.md), while an epoch took a median of 2.1 s instead of
 5.2 s.
 
+The fit runs in float32: on the demo's 5,889 x 7,032 training matrix the float64 fit took twice
+as long for the same captured variance (benchmarks/results/pca_fit.md).
+
 The projection is fitted once when training starts, on the train split only, and then frozen:
 the training vectors are projected once, and the exported graphs (models.onnx.export_pretrained)
 put it in front of the heads, so a served graph still reads the backbone's own vector.
@@ -20,6 +23,7 @@ from torch import nn
 # torch.pca_lowrank is randomised: the same seed gives the same basis on every run.
 FIT_SEED = 0
 OVERSAMPLING = 16  # extra directions of the randomised range finder, for accuracy
+POWER_ITERATIONS = 4
 
 
 class PrincipalComponents(nn.Module):
@@ -41,16 +45,18 @@ class PrincipalComponents(nn.Module):
                 f"{self.components} principal components need more than that many training "
                 f"vectors; got {features.shape[0]}"
             )
-        x = features.double()
-        centre = x.mean(dim=0)
-        rank = min(self.components + OVERSAMPLING, *x.shape)
+        centre = features.double().mean(dim=0)
+        centred = (features.double() - centre).float()
+        rank = min(self.components + OVERSAMPLING, *centred.shape)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(FIT_SEED)
-            _, singular, v = torch.pca_lowrank(x - centre, q=rank, center=False, niter=4)
+            _, singular, v = torch.pca_lowrank(
+                centred, q=rank, center=False, niter=POWER_ITERATIONS
+            )
         k = self.components
         self.centre.copy_(centre)
         self.basis.copy_(v[:, :k])
-        self.sd.copy_(singular[:k] / (x.shape[0] - 1) ** 0.5)
+        self.sd.copy_(singular[:k] / (features.shape[0] - 1) ** 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.centre) @ self.basis
