@@ -1,6 +1,9 @@
 """Subcommands of the service stage: serve."""
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -53,12 +56,28 @@ def serve(
     for name, value in overrides.items():
         if value is not None:
             os.environ[f"PROBSEARCH_{name.upper()}"] = str(value)
-    uvicorn.run(
-        "service.http.main:create_app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=log_level,
-        **server_options(settings),
-    )
+    with shared_metrics_directory():
+        uvicorn.run(
+            "service.http.main:create_app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=log_level,
+            **server_options(settings),
+        )
+
+
+@contextlib.contextmanager
+def shared_metrics_directory() -> Iterator[None]:
+    """An empty PROMETHEUS_MULTIPROC_DIR for the worker processes (service.metrics), removed
+    when they have stopped; one the operator set is used as it is, and left."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="probsearch-metrics-") as folder:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]

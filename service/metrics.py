@@ -1,6 +1,14 @@
-"""Prometheus metrics of one app instance, kept in the app's own registry (no global state)."""
+"""Prometheus metrics of one app instance, kept in the app's own registry (no global state).
+
+With more than one worker process (`probsearch serve --workers N`) a scrape of /metrics reaches
+one of them, so the serve command gives the workers a shared directory in
+PROMETHEUS_MULTIPROC_DIR: prometheus_client then keeps every value in a file per process, and
+`render` sums the counters and histograms over all of them and takes each gauge's max (min for
+redis_up: down in any worker is down) over the live ones.
+"""
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 
 from prometheus_client import (
@@ -9,6 +17,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -71,15 +80,20 @@ class ServiceMetrics:
             "1 for the index version served per gallery.",
             ["modality", "version"],
             registry=reg,
+            multiprocess_mode="livemax",
         )
         self.onnx_provider = Gauge(
             "probsearch_onnx_provider",
             "1 for the ONNX Runtime provider of each encoder.",
             ["encoder", "provider"],
             registry=reg,
+            multiprocess_mode="livemax",
         )
         self.redis_up = Gauge(
-            "probsearch_redis_up", "1 while Redis answers, 0 while it is down.", registry=reg
+            "probsearch_redis_up",
+            "1 while Redis answers, 0 while it is down.",
+            registry=reg,
+            multiprocess_mode="livemin",
         )
         self.redis_errors = Counter(
             "probsearch_redis_errors",
@@ -103,10 +117,27 @@ class ServiceMetrics:
     def set_active_version(self, modality: str, version: str, previous: str | None) -> None:
         """Point the active-version gauge of `modality` at `version`."""
         if previous is not None and previous != version:
+            # A worker's file keeps a removed label's last value: 0 there, then gone here.
+            self.active_version.labels(modality=modality, version=previous).set(0)
             with contextlib.suppress(KeyError):
                 self.active_version.remove(modality, previous)
         self.active_version.labels(modality=modality, version=version).set(1)
 
     def render(self) -> bytes:
-        """The text exposition format served at /metrics."""
-        return generate_latest(self.registry)
+        """The text exposition format served at /metrics: this process's metrics, or every
+        worker's when they share a PROMETHEUS_MULTIPROC_DIR."""
+        if not shared_directory():
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every_worker)
+        return generate_latest(every_worker)
+
+    def close(self) -> None:
+        """At a worker's exit: its gauges leave the live ones (its counts stay in the sums)."""
+        if shared_directory():
+            multiprocess.mark_process_dead(os.getpid())
+
+
+def shared_directory() -> str | None:
+    """The directory the worker processes share their values in, when there is one."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None

@@ -139,6 +139,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(services.decoder.close)
         if services.redis_health is not None:
             await asyncio.to_thread(services.redis_health.stop)
+        app.state.metrics.close()
 
 
 def freeze_startup_heap() -> None:
