@@ -325,15 +325,26 @@ async def _drive(url: str, cell: Cell, make, args) -> tuple:
         await client.close()
 
 
+def server_cpu_seconds(process: psutil.Process) -> dict[int, float]:
+    """User + system CPU seconds of the server and each of its processes (uvicorn's workers
+    are its children), by pid."""
+    seconds = {}
+    for member in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            seconds[member.pid] = sum(member.cpu_times()[:2])
+    return seconds
+
+
 def measure(url: str, process: psutil.Process, cell: Cell, make, args) -> Measured:
-    cpu_client, cpu_server = time.process_time(), sum(process.cpu_times()[:2])
+    cpu_client, cpu_server = time.process_time(), server_cpu_seconds(process)
     wall = time.perf_counter()
     records, start, end = asyncio.run(_drive(url, cell, make, args))
     wall = time.perf_counter() - wall
+    used = server_cpu_seconds(process)
     measured = Measured(
         summarise(records, start, end),
         (time.process_time() - cpu_client) / wall,
-        (sum(process.cpu_times()[:2]) - cpu_server) / wall,
+        sum(used[pid] - cpu_server.get(pid, 0.0) for pid in used) / wall,
     )
     s = measured.summary
     print(
