@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from result_header import result_header
+from result_header import result_header, write_results
 
 from models.networks.principal_components import (
     FIT_SEED,
@@ -98,8 +98,7 @@ def main() -> None:
             f"| {name} | {statistics.median(seconds[name]):.1f} | {rounds} | "
             f"{100 * share[name]:.3f}% |"
         )
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, lines)
 
 
 if __name__ == "__main__":

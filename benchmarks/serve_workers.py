@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from result_header import ROOT, result_header
+from result_header import ROOT, result_header, write_results
 
 SETTINGS = (1, 2)
 ENDPOINTS = ("text", "image", "embedding")
@@ -78,8 +78,7 @@ def main() -> None:
             f"{median(qps[2]) / median(qps[1]):.2f} | {p50[1]:.2f} | {p50[2]:.2f} | "
             f"{runs[1][-1][key][2]} | {runs[2][-1][key][2]} |"
         )
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, lines)
 
 
 if __name__ == "__main__":
