@@ -182,14 +182,18 @@ PRETRAINED_RUNS: tuple[Run, ...] = (
                              "logvar_init": PCMEPP_LOGVAR_INIT, **BACKBONES},
         {"objective": "pcmepp", "vib_beta": 1e-4, "match_weighting": "all_pairs",
          **HEADS_TRAINING}, "csd", ("w2",), reference="pcmepp"),
-    # vse and PCME++ with the image heads on the 1,024 principal components, as the demo's
-    # (issue 40); PCME++'s variance reads the standardised vector, which kept it off the bound
-    # on the style backbone (benchmarks/results/pcmepp_style_variance_val.md)
+    # vse, PCME++ and PCME with the image heads on the 1,024 principal components, as the
+    # demo's (issue 40); the Gaussians' variance reads the standardised vector, which kept
+    # PCME++'s off the bound on the style backbone (pcmepp_style_variance_val.md)
     Run("vse-pc", {"model_type": "vse", "image_components": 1024, **BACKBONES}, HEADS_TRAINING,
         "w2"),
     Run("pcmepp-pc", {"model_type": "gcie", "metric": "csd", "logvar_init": PCMEPP_LOGVAR_INIT,
                       "variance_reads_backbone": True, "image_components": 1024, **BACKBONES},
         {"objective": "pcmepp", "vib_beta": 1e-4, **HEADS_TRAINING}, "csd", ("w2",),
+        reference="vse-pc"),
+    Run("pcme-pc", {"model_type": "gcie", "metric": "match_prob", "logvar_init": -7.0,
+                    "variance_reads_backbone": True, "image_components": 1024, **BACKBONES},
+        {"objective": "pcme", "vib_beta": 1e-4, **HEADS_TRAINING}, "w2", ("match_prob",),
         reference="vse-pc"),
     # PVSE on the backbones (issue 39): K residual heads of the pooled vector in place of
     # PIE-Net's attention (models.pvse.network.PvseFeatureHeads), vse's recipe
