@@ -47,7 +47,7 @@ from models.datasets.outliers import synthetic_outliers
 from models.datasets.photos import write_photos
 from models.datasets.records import load_dataset
 from models.datasets.shapes import generate_shapes
-from models.evaluation.evaluate import EvalConfig, evaluate_model
+from models.evaluation.evaluate import DESCRIPTIVE_SCORES, EvalConfig, evaluate_model
 from models.evaluation.report import write_report
 from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
@@ -210,7 +210,7 @@ DIRECTIONS = ("i2t", "t2i")
 # shown beside the learned scores, never chosen as the reject score.
 BASELINES = ("top1_distance", "top1_margin", "top1_instability")
 SCORES = ("log_det", "entropy", "feature_uncertainty", "mutual_information", "posterior_entropy")
-SCORES += ("novelty", *BASELINES)
+SCORES += ("novelty", *DESCRIPTIVE_SCORES, *BASELINES)
 LABELS = {
     "log_det": "log-det",
     "entropy": "entropy",
@@ -218,6 +218,7 @@ LABELS = {
     "mutual_information": "MI",
     "posterior_entropy": "post. entropy",
     "novelty": "novelty",
+    "total_variance": "var. sum",
     "top1_distance": "top-1 dist.",
     "top1_margin": "margin",
     "top1_instability": "top-1 instab.",
@@ -371,7 +372,8 @@ def best_by_val(names: Iterable[str], val_rejection: dict) -> str:
 def val_choices(val: dict, metric: str) -> Choices:
     """Per direction: the val-chosen name ("<score>@T<t>" or "<score>") of each score, and the
     reject score ("reject"): the learned score@T with the best val normalised AUPRC. The
-    training-free BASELINES are never chosen as it: they are what it is judged against."""
+    training-free BASELINES are never chosen as it: they are what it is judged against; nor
+    are the DESCRIPTIVE_SCORES, which the service does not compute."""
     choices: Choices = {}
     for d in DIRECTIONS:
         rejection = val["metrics"][metric][d]["rejection"]
@@ -380,7 +382,7 @@ def val_choices(val: dict, metric: str) -> Choices:
             variants = [n for n in names if n == score or n.startswith(f"{score}@T")]
             if variants:
                 choices[f"{d}/{score}"] = best_by_val(variants, rejection)
-        learned = [n for n in names if n not in BASELINES]
+        learned = [n for n in names if n not in (*BASELINES, *DESCRIPTIVE_SCORES)]
         choices[f"{d}/reject"] = best_by_val(learned, rejection)
     return choices
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.datasets.records import load_dataset
 from models.evaluation.evaluate import (
+    DESCRIPTIVE_SCORES,
     EvalConfig,
     default_metrics,
     direction_scores,
@@ -119,7 +120,7 @@ def one_model(model_dir: Path, data: Path, seed: int) -> dict[str, dict[str, flo
     for direction in DIRECTIONS:
         (v, v_ok), (t, t_ok) = val[direction], test[direction]
         usable = [n for n in v if np.isfinite(v[n]).all() and np.ptp(v[n]) > 1e-9]
-        learned = [n for n in usable if n not in BASELINE_NAMES]
+        learned = [n for n in usable if n not in (*BASELINE_NAMES, *DESCRIPTIVE_SCORES)]
         chosen = max(learned, key=lambda n: nauprc(v[n], v_ok))
         result[direction] = {
             "top-1 distance": nauprc(t["top1_distance"], t_ok),

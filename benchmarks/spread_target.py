@@ -44,7 +44,7 @@ from scipy.stats import spearmanr
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.datasets.records import load_dataset, plausible_match_matrix
-from models.evaluation.evaluate import EvalConfig, embed_split, evaluate_model
+from models.evaluation.evaluate import DESCRIPTIVE_SCORES, EvalConfig, embed_split, evaluate_model
 from models.networks.model_config import CHECKPOINT_FILE, ModelConfig
 from models.objectives.regularizers import SPREAD_FLOOR, spread_target
 
@@ -120,7 +120,7 @@ def eval_cells(report: dict, metric: str) -> list[float]:
             for n, r in section["rejection"].items()
             if n not in ("random", "oracle")
         }
-        learned = [v for n, v in rejection.items() if n not in BASELINES]
+        learned = [v for n, v in rejection.items() if n not in (*BASELINES, *DESCRIPTIVE_SCORES)]
         baseline = [rejection.get(n, math.nan) for n in BASELINES]
         cells += [
             section["retrieval"]["P@1"],

@@ -51,11 +51,14 @@ from models.scoring.query_scores import (
     shortlist_distances,
 )
 from models.scoring.rerank import compute_device, gather_rows
-from models.scoring.uncertainty import log_det
+from models.scoring.uncertainty import log_det, total_variance
 
 logger = logging.getLogger(__name__)
 
 DIRECTIONS: tuple[str, ...] = ("i2t", "t2i")
+# Scores the evaluation reports but the service does not compute (not in SCORE_NAMES), so none
+# is ever chosen as a reject score: total_variance is PCME++'s own uncertainty (issue 40).
+DESCRIPTIVE_SCORES: tuple[str, ...] = ("total_variance",)
 
 
 class EvaluationError(ValueError):
@@ -250,7 +253,8 @@ def direction_scores(
 ) -> dict[str, np.ndarray]:
     """Every uncertainty score of every query over its shortlist (models.scoring), with the
     temperature-dependent ones once per temperature, named "<score>@T<t>", then the
-    training-free baselines (models.scoring.baseline_scores) the learned ones must beat.
+    training-free baselines (models.scoring.baseline_scores) the learned ones must beat, and
+    the DESCRIPTIVE_SCORES.
     caption_query: the queries are captions (True) or images (False), for top_mahalanobis;
     None leaves it out."""
     device = torch_device(config.device)
@@ -294,6 +298,9 @@ def direction_scores(
                     parts.setdefault(name, []).append(values)
         for name, values in chunk_baselines(distances, mc_distances).items():
             parts.setdefault(name, []).append(values)
+        parts.setdefault("total_variance", []).append(
+            total_variance(query[1]).double().cpu().numpy()
+        )
     return {name: np.concatenate(values) for name, values in parts.items()}
 
 

@@ -94,7 +94,9 @@ def _rejection_section(report: dict) -> list[str]:
         "rejecting the most uncertain first; normalised = (AUPRC - random) / (oracle - random). "
         "Spearman amb.: rank correlation of the score with ln(#plausible matches) of the query. "
         "top1_distance, top1_margin and top1_instability are training-free baselines ('Over the "
-        "top-1', uCLIP): a learned score is worth shipping only where it beats them.",
+        "top-1', uCLIP): a learned score is worth shipping only where it beats them. "
+        "total_variance (the sum of the variances, PCME++'s own uncertainty) is reported, "
+        "not served.",
         "",
         *_table(header, rows),
         "",

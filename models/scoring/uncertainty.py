@@ -22,6 +22,15 @@ def entropy(logvar: Tensor) -> Tensor:
     return 0.5 * (dim * (1.0 + math.log(2.0 * math.pi)) + logvar.sum(dim=-1))
 
 
+def total_variance(logvar: Tensor) -> Tensor:
+    """Trace of diag(sigma^2), the sum of the variances over the last dim: (..., D) -> (...,).
+
+    PCME++'s own uncertainty (its csd adds it to every distance); the log-det weighs each
+    dimension's variance by its log instead, so a few small variances can outweigh it.
+    """
+    return _float(logvar).exp().sum(dim=-1)
+
+
 def feature_uncertainty(mc_mu: Tensor) -> Tensor:
     """Sum over dims of the variance of mu across MC draws: (L, N, D) -> (N,).
 

@@ -15,6 +15,7 @@ from models.datasets.records import is_plausible_match, load_dataset
 from models.distance.gaussian import pairwise_distance
 from models.evaluation.cli import app
 from models.evaluation.evaluate import (
+    DESCRIPTIVE_SCORES,
     NO_MATCH_REMOVED,
     EvalConfig,
     PlausibleMatchRelevance,
@@ -93,6 +94,7 @@ def test_report_is_consistent(report: dict, embedded: SplitEmbeddings) -> None:
             assert rejection["oracle"]["auprc"] >= rejection["random"]["auprc"]
             methods = {"log_det", "entropy", "feature_uncertainty", "top_mahalanobis"}
             methods |= {"random", "oracle", *BASELINE_NAMES}  # the baselines once, not per T
+            methods |= set(DESCRIPTIVE_SCORES)
             for t in CONFIG.temperatures:
                 methods |= {f"mutual_information@T{t:g}", f"posterior_entropy@T{t:g}"}
             assert set(rejection) == methods
@@ -195,6 +197,8 @@ def test_baselines_come_from_each_querys_own_shortlist(embedded: SplitEmbeddings
         low, high = loop_instability(row, draws)
         assert low - 1e-12 <= values["top1_instability"][q] <= high + 1e-12
     assert not any(name.startswith("top1_") and "@T" in name for name in values)
+    expected_variance = np.exp(queries.logvar.astype(np.float64)).sum(axis=1)
+    np.testing.assert_allclose(values["total_variance"], expected_variance, rtol=1e-5)
     assert 0 < values["top1_instability"].max() <= 1  # the draws of this model do move
 
 

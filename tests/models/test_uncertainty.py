@@ -16,6 +16,7 @@ from models.scoring.uncertainty import (
     mutual_information,
     retrieval_posterior,
     sample_gaussian,
+    total_variance,
 )
 
 
@@ -32,6 +33,12 @@ def test_log_det_is_log_of_the_covariance_determinant(logvar):
 def test_entropy_matches_torch_distributions(logvar):
     normal = Independent(Normal(torch.zeros_like(logvar), torch.exp(0.5 * logvar)), 1)
     torch.testing.assert_close(entropy(logvar), normal.entropy())
+
+
+def test_total_variance_is_the_trace_of_the_covariance(logvar):
+    normal = Independent(Normal(torch.zeros_like(logvar), torch.exp(0.5 * logvar)), 1)
+    torch.testing.assert_close(total_variance(logvar), normal.variance.sum(dim=-1))
+    assert total_variance(logvar.half()).dtype == torch.float32
 
 
 def test_float16_inputs_are_computed_in_float32(logvar):
