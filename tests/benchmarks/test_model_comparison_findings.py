@@ -88,10 +88,12 @@ def loop_reject(nauprc: dict[str, float]) -> str:
 
 def test_the_reject_score_is_chosen_among_the_learned_scores_only():
     baselines = {"top1_distance": 0.9, "top1_margin": 0.8, "top1_instability": 0.7}
+    baselines["total_variance"] = 0.95  # reported, but the service cannot ship it
     val = _report(dict.fromkeys(LEARNED, 0.1) | {"posterior_entropy@T1": 0.3} | baselines)
     choices = val_choices(val, "w2")
     for d in DIRECTIONS:
         assert choices[f"{d}/reject"] == "posterior_entropy@T1"
+        assert choices[f"{d}/total_variance"] == "total_variance"
         assert choices[f"{d}/posterior_entropy"] == "posterior_entropy@T1"
         assert [choices[f"{d}/{b}"] for b in BASELINES] == list(BASELINES)
     mahalanobis = {"top_mahalanobis": 0.2, "top1_margin": 0.95}
@@ -158,7 +160,7 @@ def test_baselines_flow_from_the_reports_to_the_tables_and_one_finding_per_run_a
     shift = ood_section(runs, stats, probes, "shapes")
     tables = "\n".join(uncertainty_section(runs, stats, results) + shift)
     header = "| model | log-det | entropy | feat. unc. | MI | post. entropy | novelty "
-    header += "| top-1 dist. | margin "
+    header += "| var. sum | top-1 dist. | margin "
     assert header + "| top-1 instab. | reject score (val-chosen) | its nAUPRC |" in tables
     assert "| 0.100 ± 0.000 | 0.050 ± 0.050 | 0.410 ± 0.010 | log-det, log-det, log-det |" in tables
     assert "### 3 real photographs" in shift and "### 4 shapes images" in shift
