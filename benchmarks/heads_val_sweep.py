@@ -39,9 +39,11 @@ from models.networks.model_config import ModelConfig, TrainConfig
 from models.training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-# t2i_log-det_rho: Spearman of the captions' log-det with ln(#plausible drawings); NaN for a
-# point model, whose log-det is one constant.
+# t2i_log-det_rho, t2i_var-sum_rho: Spearman of the captions' log-det and of the sum of their
+# variances (PCME++'s own uncertainty) with ln(#plausible drawings); NaN for a point model,
+# whose variance is one constant.
 FIGURES = ("i2t_P@1", "i2t_R-P", "t2i_P@1", "t2i_R-P", "val_score", "t2i_log-det_rho")
+FIGURES += ("t2i_var-sum_rho",)
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -102,6 +104,7 @@ def run_seed(
         figures[f"{direction}_R-P"] = retrieval["r_precision"]
     ambiguity = report["metrics"][metric]["t2i"]["ambiguity_spearman"]
     figures["t2i_log-det_rho"] = ambiguity.get("log_det", math.nan)
+    figures["t2i_var-sum_rho"] = ambiguity.get("total_variance", math.nan)
     cached.write_text(json.dumps(figures, indent=1) + "\n")
     return figures
 
