@@ -16,7 +16,11 @@ and sd (`Standardize`, fitted when training starts and saved with the weights): 
 vectors vary by a few hundredths per feature, so on the raw vector Adam needed thousands of
 steps to fit the count target's ranks (train Spearman 0.55 after 1,500 full-batch steps, 0.84
 after 250 standardised). A dropped-out feature is set to its mean. The head's weights start at
-zero, so every item starts at logvar_init.
+zero, so every item starts at logvar_init. Every dimension then starts alike, and an objective
+that sees the variances only through sums over the dimensions (PCME++'s csd and the VIB) gives
+each the same gradient, so they stay equal: the variance is isotropic, and the sum of the
+variances orders items as the log-det does (docs/results-pcme.md, session 46). Objectives that
+weigh dimensions differently (the spread and count targets, PCME's sampled distance) part them.
 
 The image heads also hold the novelty bank (models.networks.feature_novelty): the score reads
 the backbone vector, not the heads, and is exported beside mu and logvar. Behind a projection
