@@ -14,6 +14,7 @@ from models.datasets.records import is_plausible_match, load_dataset
 from models.datasets.shapes import generate_shapes
 from models.evaluation.cli import app
 from models.evaluation.evaluate import (
+    DESCRIPTIVE_SCORES,
     EvalConfig,
     EvaluationError,
     SplitEmbeddings,
@@ -180,7 +181,7 @@ def test_scores_come_from_the_max_pair_distances_of_the_draws(embedded: SplitEmb
 
 def test_report_has_every_figure_for_max_pair(report: dict) -> None:
     result = report["metrics"]["max_pair"]
-    scores = {"log_det", "entropy", "feature_uncertainty", *BASELINE_NAMES}
+    scores = {"log_det", "entropy", "feature_uncertainty", *BASELINE_NAMES, *DESCRIPTIVE_SCORES}
     for t in CONFIG.temperatures:
         scores |= {f"mutual_information@T{t:g}", f"posterior_entropy@T{t:g}"}
     for direction in ("i2t", "t2i"):
