@@ -10,6 +10,7 @@ import typer
 
 from indexer.shortlist_backends import make_backend
 from models.command_line import IndexRootOpt, ModelOpt, RedisOpt, bad_input_exits, served_settings
+from service.worker_processes import run_workers
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -52,20 +53,10 @@ def serve(
             **server_options(settings),
         )
         return
-    # Worker processes rebuild the settings from the environment: hand the flags on there.
-    for name, value in overrides.items():
-        if value is not None:
-            os.environ[f"PROBSEARCH_{name.upper()}"] = str(value)
     with shared_metrics_directory():
-        uvicorn.run(
-            "service.http.main:create_app_from_env",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=log_level,
-            **server_options(settings),
-        )
+        status = run_workers(settings, log_level)
+    if status:
+        raise typer.Exit(status)
 
 
 @contextlib.contextmanager

@@ -115,11 +115,6 @@ def _include_routers(app: FastAPI, settings: Settings) -> None:
         app.include_router(router)
 
 
-def create_app_from_env() -> FastAPI:
-    """Factory for `uvicorn --factory` with several workers: settings from PROBSEARCH_*."""
-    return create_app(Settings())
-
-
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings

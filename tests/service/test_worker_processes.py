@@ -1,0 +1,70 @@
+"""`probsearch serve --workers N`: a listening socket per process on one port, which the kernel
+spreads new connections over (SO_REUSEPORT), and a parent that replaces a worker that dies."""
+
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.worker_processes import reuse_port_socket
+from tests.service.conftest import Artifacts, wait_for
+from tests.service.test_metrics_workers import STARTED, two_workers
+from tests.service.test_resilience import free_port
+
+CONNECTIONS = 32
+
+
+def test_two_processes_sockets_share_the_port_and_both_get_connections() -> None:
+    port = free_port()
+    sockets = [reuse_port_socket("127.0.0.1", port) for _ in range(2)]
+    clients = []
+    try:
+        for sock in sockets:
+            sock.listen(CONNECTIONS)
+            sock.setblocking(False)
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(CONNECTIONS)]
+        accepted = [0, 0]
+        deadline = time.monotonic() + 5
+        while sum(accepted) < CONNECTIONS and time.monotonic() < deadline:
+            for i, sock in enumerate(sockets):
+                try:
+                    sock.accept()[0].close()
+                    accepted[i] += 1
+                except BlockingIOError:
+                    pass
+        # 32 connections hashed over two sockets: all on one has odds of 2 ** -31
+        assert sum(accepted) == CONNECTIONS and min(accepted) > 0, accepted
+    finally:
+        for sock in [*sockets, *clients]:
+            sock.close()
+
+
+def test_a_port_held_without_sharing_is_refused() -> None:
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(OSError):
+            reuse_port_socket("127.0.0.1", port)
+
+
+def started_workers(log: Path) -> list[int]:
+    return [int(pid) for pid in re.findall(r"Started server process \[(\d+)\]", log.read_text())]
+
+
+def test_a_worker_that_dies_is_replaced(artifacts: Artifacts, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with two_workers(artifacts, log) as url:
+        os.kill(started_workers(log)[0], signal.SIGKILL)
+        wait_for(lambda: log.read_text().count(STARTED) == 3, 120, "a third worker to start")
+        for n in range(8):  # each on a connection of its own, so either worker may answer
+            with httpx.Client(base_url=url, timeout=30) as fresh:
+                search = fresh.post("/search/text", json={"text": f"a red circle {n}", "k": 1})
+            assert search.status_code == 200, search.text
+    assert len(started_workers(log)) == 3
+    assert "exited with -9; starting another" in log.read_text()
