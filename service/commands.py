@@ -10,7 +10,7 @@ import typer
 
 from indexer.shortlist_backends import make_backend
 from models.command_line import IndexRootOpt, ModelOpt, RedisOpt, bad_input_exits, served_settings
-from service.worker_processes import run_workers
+from service.worker_processes import check_port_free, run_workers
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -53,6 +53,8 @@ def serve(
             **server_options(settings),
         )
         return
+    with bad_input_exits():
+        check_port_free(settings.host, settings.port)
     with shared_metrics_directory():
         status = run_workers(settings, log_level)
     if status:

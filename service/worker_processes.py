@@ -12,6 +12,7 @@ SIGTERM asks each to shut down gracefully (uvicorn's own SIGTERM handling) and w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -50,6 +51,17 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise OSError when any socket holds host:port. The probe does not share the port, so
+    it also fails on a running server's workers, whose sockets would take a second server's
+    into their group and split the traffic with it without a word."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.create_server((host, port), family=family).close()
+    except OSError as error:
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
 def _worker(settings: Settings, log_level: str) -> None:
     """One server process: its own socket and its own app (model, indexes, thread pools)."""
     import uvicorn
@@ -64,7 +76,8 @@ def _worker(settings: Settings, log_level: str) -> None:
               file=sys.stderr)  # fmt: skip
         sys.exit(CANNOT_LISTEN)
     config = uvicorn.Config(create_app(settings), log_level=log_level, **server_options(settings))
-    uvicorn.Server(config).run(sockets=[sock])
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn has shut down, re-raising it
+        uvicorn.Server(config).run(sockets=[sock])
 
 
 def run_workers(settings: Settings, log_level: str) -> int:

@@ -32,8 +32,9 @@ def metrics_directories() -> set[Path]:
 
 
 @contextlib.contextmanager
-def two_workers(artifacts: Artifacts, log: Path) -> Iterator[str]:
-    """`probsearch serve --workers 2` on a free port, without Redis; yields its URL."""
+def two_workers(artifacts: Artifacts, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`probsearch serve --workers 2` on a free port, without Redis, in a process group of its
+    own (as a terminal starts it); yields its URL and the serve process."""
     port = free_port()
     env = {**os.environ, "PROBSEARCH_INDEX_ROOT": str(artifacts.index_root),
            "PROBSEARCH_MODEL": str(artifacts.model), "PROBSEARCH_DEVICE": "cpu"}  # fmt: skip
@@ -41,12 +42,14 @@ def two_workers(artifacts: Artifacts, log: Path) -> Iterator[str]:
     env.pop("PROBSEARCH_REDIS_URL", None)
     command = [str(PROBSEARCH), "serve", "--workers", "2", "--port", str(port)]
     with log.open("w") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             wait_for(lambda: _ready(url, process, log), 120, "two workers to start")
             wait_for(lambda: log.read_text().count(STARTED) == 2, 60, "both workers to listen")
-            yield url
+            yield url, process
         finally:
             process.terminate()
             process.wait(timeout=30)
@@ -96,7 +99,7 @@ def test_a_burst_of_clients_reaches_both_workers_and_every_scrape_sums_them(
     artifacts: Artifacts, tmp_path: Path
 ) -> None:
     before = metrics_directories()
-    with two_workers(artifacts, tmp_path / "serve.log") as url:
+    with two_workers(artifacts, tmp_path / "serve.log") as (url, _):
         (folder,) = metrics_directories() - before
         assert _burst_of_keep_alive_clients(url, REQUESTS) == {200}
         wait_for(lambda: sum(searches_per_worker(folder)) == REQUESTS, 10, "the workers' counts")

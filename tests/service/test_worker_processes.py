@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.worker_processes import reuse_port_socket
+from service.worker_processes import check_port_free, reuse_port_socket
 from tests.service.conftest import Artifacts, wait_for
 from tests.service.test_metrics_workers import STARTED, two_workers
 from tests.service.test_resilience import free_port
@@ -44,6 +44,18 @@ def test_two_processes_sockets_share_the_port_and_both_get_connections() -> None
             sock.close()
 
 
+def test_a_port_held_by_a_running_servers_workers_fails_the_check() -> None:
+    port = free_port()
+    worker = reuse_port_socket("127.0.0.1", port)
+    try:
+        worker.listen()
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            check_port_free("127.0.0.1", port)
+    finally:
+        worker.close()
+    check_port_free("127.0.0.1", port)  # free again once the worker has gone
+
+
 def test_a_port_held_without_sharing_is_refused() -> None:
     port = free_port()
     with socket.socket() as holder:
@@ -59,7 +71,7 @@ def started_workers(log: Path) -> list[int]:
 
 def test_a_worker_that_dies_is_replaced(artifacts: Artifacts, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    with two_workers(artifacts, log) as url:
+    with two_workers(artifacts, log) as (url, _):
         os.kill(started_workers(log)[0], signal.SIGKILL)
         wait_for(lambda: log.read_text().count(STARTED) == 3, 120, "a third worker to start")
         for n in range(8):  # each on a connection of its own, so either worker may answer
@@ -68,3 +80,16 @@ def test_a_worker_that_dies_is_replaced(artifacts: Artifacts, tmp_path: Path) ->
             assert search.status_code == 200, search.text
     assert len(started_workers(log)) == 3
     assert "exited with -9; starting another" in log.read_text()
+
+
+def test_ctrl_c_stops_every_worker_quietly(artifacts: Artifacts, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C sends SIGINT to the whole process group, so it may reach the
+    workers before the parent: here it reaches the workers alone, and the server stops."""
+    log = tmp_path / "serve.log"
+    with two_workers(artifacts, log) as (_, process):
+        for pid in started_workers(log):
+            os.kill(pid, signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    text = log.read_text()
+    assert text.count("Finished server process") == 2
+    assert "Traceback" not in text and "starting another" not in text, text[-3000:]
