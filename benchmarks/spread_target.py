@@ -47,6 +47,7 @@ from models.datasets.records import load_dataset, plausible_match_matrix
 from models.evaluation.evaluate import DESCRIPTIVE_SCORES, EvalConfig, embed_split, evaluate_model
 from models.networks.model_config import CHECKPOINT_FILE, ModelConfig
 from models.objectives.regularizers import SPREAD_FLOOR, spread_target
+from models.scoring.baseline_scores import BASELINE_NAMES
 
 
 def gallery_targets(image_mu: np.ndarray, plausible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +73,7 @@ SPEARMAN_COLUMNS = (
 )
 DIRECTIONS = ("t2i", "i2t")
 # The training-free top-1 baselines: what the reject score is judged against, never it.
-BASELINES = ("top1_distance", "top1_margin", "top1_instability")
+BASELINES = BASELINE_NAMES
 EVAL_COLUMNS = tuple(
     f"{d} {name}"
     for d in DIRECTIONS

@@ -272,7 +272,7 @@ def direction_scores(
                 torch.from_numpy(a[:, start:stop]).to(device)
                 for a in (queries.mc_mu, queries.mc_logvar)
             )
-        fit = None
+        fit = means = None
         if metric == MAX_PAIR:
             distances, mc_distances = max_pair_shortlist_distances(
                 queries, gallery, rows, slice(start, stop), has_draws, device
@@ -283,6 +283,7 @@ def direction_scores(
                 gather_rows(gallery.logvar, rows, device),
             )
             distances, mc_distances = shortlist_distances(metric, query, draws, candidates)
+            means = (query[0], candidates[0])
             if caption_query is not None:
                 fit = CaptionFit(query[0], candidates, caption_query)
         mc_mu = None if draws is None else draws[0]
@@ -296,7 +297,7 @@ def direction_scores(
                     parts.setdefault(f"{name}@T{temperature:g}", []).append(values)
                 elif t == 0:
                     parts.setdefault(name, []).append(values)
-        for name, values in chunk_baselines(distances, mc_distances).items():
+        for name, values in chunk_baselines(distances, mc_distances, means).items():
             parts.setdefault(name, []).append(values)
         parts.setdefault("total_variance", []).append(
             total_variance(query[1]).double().cpu().numpy()
@@ -305,12 +306,16 @@ def direction_scores(
 
 
 def chunk_baselines(
-    distances: torch.Tensor, mc_distances: torch.Tensor | None
+    distances: torch.Tensor,
+    mc_distances: torch.Tensor | None,
+    means: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The training-free baselines of a chunk of queries from its shortlist distances (c, m)
-    and its draws' (L, c, m): they do not depend on the temperature, so computed once."""
+    """The training-free baselines of a chunk of queries from its shortlist distances (c, m),
+    its draws' (L, c, m) and the means of the queries (c, D) and candidates (c, m, D): they do
+    not depend on the temperature, so computed once."""
     draws = None if mc_distances is None else mc_distances.double().cpu().numpy()
-    return baseline_scores(distances.double().cpu().numpy(), draws)
+    pair = None if means is None else tuple(m.double().cpu().numpy() for m in means)
+    return baseline_scores(distances.double().cpu().numpy(), draws, pair)
 
 
 def max_pair_shortlist_distances(

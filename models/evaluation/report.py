@@ -95,6 +95,8 @@ def _rejection_section(report: dict) -> list[str]:
         "Spearman amb.: rank correlation of the score with ln(#plausible matches) of the query. "
         "top1_distance, top1_margin and top1_instability are training-free baselines ('Over the "
         "top-1', uCLIP): a learned score is worth shipping only where it beats them. "
+        "top1_mean_distance is the first result's distance with the means alone: under a metric "
+        "that reads the variances, top1_distance does too. "
         "total_variance (the sum of the variances, PCME++'s own uncertainty) is reported, "
         "not served.",
         "",

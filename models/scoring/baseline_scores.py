@@ -11,6 +11,11 @@ training-free yardsticks used here, read off the same shortlist the learned scor
   answers make the choice between them a coin toss.
 - top1_instability: the fraction of MC draws whose own first result is not the deterministic
   one: an answer that moves under dropout is not a stable answer.
+- top1_mean_distance: the squared Euclidean distance between the query's mean and its first
+  result's mean. The served distance reads the learned variances when the metric does (w2,
+  query_mahalanobis, ...), so its top1_distance is itself a learned score there; this one reads
+  the means alone, as a point model would judge the same answer. It is left out for pvse, whose
+  max_pair distance reads no variance (its top1_distance is already that).
 
 As every score of the project, larger means less sure. The evaluation reports them beside every
 learned score (models.evaluation.evaluate.direction_scores); they are not in SCORE_NAMES, so
@@ -21,7 +26,12 @@ from __future__ import annotations
 
 import numpy as np
 
-BASELINE_NAMES: tuple[str, ...] = ("top1_distance", "top1_margin", "top1_instability")
+BASELINE_NAMES: tuple[str, ...] = (
+    "top1_distance",
+    "top1_margin",
+    "top1_instability",
+    "top1_mean_distance",
+)
 
 
 def top1_distance(distances: np.ndarray) -> np.ndarray:
@@ -63,8 +73,23 @@ def top1_instability(distances: np.ndarray, mc_distances: np.ndarray) -> np.ndar
     return 1.0 - agree.mean(axis=0)
 
 
+def top1_mean_distance(
+    query_mu: np.ndarray, candidate_mu: np.ndarray, distances: np.ndarray
+) -> np.ndarray:
+    """(Q,) sum_d (mu_query - mu_first)^2, where the first result is the argmin of each row of
+    `distances` (Q, M) (an exact tie goes to the earlier candidate), mu_query the queries' means
+    (Q, D) and mu_first its row of `candidate_mu` (Q, M, D). No variance enters."""
+    query_mu = np.asarray(query_mu, dtype=np.float64)
+    candidate_mu = np.asarray(candidate_mu, dtype=np.float64)
+    first = np.asarray(distances).argmin(axis=-1)  # (Q,)
+    first_mu = np.take_along_axis(candidate_mu, first[:, None, None], axis=1)[:, 0]  # (Q, D)
+    return ((query_mu - first_mu) ** 2).sum(axis=-1)
+
+
 def baseline_scores(
-    distances: np.ndarray, mc_distances: np.ndarray | None = None
+    distances: np.ndarray,
+    mc_distances: np.ndarray | None = None,
+    means: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """name -> (Q,) float64 of every baseline (BASELINE_NAMES) of Q queries.
 
@@ -72,8 +97,12 @@ def baseline_scores(
     marks padding; each row needs one finite distance for a finite top1_distance.
     mc_distances: (L, Q, M) distances of the MC draws to the same candidates, or None;
     top1_instability is left out without them or with L = 0.
+    means: the queries' means (Q, D) and their candidates' (Q, M, D), or None, which leaves
+    top1_mean_distance out.
     """
     scores = {"top1_distance": top1_distance(distances), "top1_margin": top1_margin(distances)}
     if mc_distances is not None and np.shape(mc_distances)[0] >= 1:
         scores["top1_instability"] = top1_instability(distances, mc_distances)
+    if means is not None:
+        scores["top1_mean_distance"] = top1_mean_distance(*means, distances)
     return scores

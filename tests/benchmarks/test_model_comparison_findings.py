@@ -88,6 +88,7 @@ def loop_reject(nauprc: dict[str, float]) -> str:
 
 def test_the_reject_score_is_chosen_among_the_learned_scores_only():
     baselines = {"top1_distance": 0.9, "top1_margin": 0.8, "top1_instability": 0.7}
+    baselines |= {"top1_mean_distance": 0.85}
     baselines["total_variance"] = 0.95  # reported, but the service cannot ship it
     val = _report(dict.fromkeys(LEARNED, 0.1) | {"posterior_entropy@T1": 0.3} | baselines)
     choices = val_choices(val, "w2")
@@ -150,6 +151,7 @@ def test_baselines_flow_from_the_reports_to_the_tables_and_one_finding_per_run_a
         for seed in range(3):
             values = dict.fromkeys(LEARNED, 0.2 + 0.01 * seed) | {"top1_distance": 0.1}
             values |= {"top1_margin": 0.05 * seed, "top1_instability": 0.4 + 0.01 * seed}
+            values |= {"top1_mean_distance": 0.3}
             test = _report(values, run.metric)
             choices = val_choices(_report(values, run.metric), run.metric)
             figures = uncertainty_figures(test, run.metric, choices)
@@ -161,8 +163,10 @@ def test_baselines_flow_from_the_reports_to_the_tables_and_one_finding_per_run_a
     tables = "\n".join(uncertainty_section(runs, stats, results) + shift)
     header = "| model | log-det | entropy | feat. unc. | MI | post. entropy | novelty "
     header += "| var. sum | top-1 dist. | margin "
-    assert header + "| top-1 instab. | reject score (val-chosen) | its nAUPRC |" in tables
-    assert "| 0.100 ± 0.000 | 0.050 ± 0.050 | 0.410 ± 0.010 | log-det, log-det, log-det |" in tables
+    header += "| top-1 instab. | top-1 dist. of means "
+    assert header + "| reject score (val-chosen) | its nAUPRC |" in tables
+    row = "| 0.100 ± 0.000 | 0.050 ± 0.050 | 0.410 ± 0.010 | 0.300 ± 0.000 | log-det, log-det, "
+    assert row in tables
     assert "### 3 real photographs" in shift and "### 4 shapes images" in shift
     photos, shapes = shift.index("### 3 real photographs"), shift.index("### 4 shapes images")
     vse_photos = next(ln for ln in shift[photos:shapes] if ln.startswith("| vse |"))
@@ -171,8 +175,12 @@ def test_baselines_flow_from_the_reports_to_the_tables_and_one_finding_per_run_a
     vse_shapes = next(ln for ln in shift[shapes:] if ln.startswith("| vse |"))
     assert "| 0.790 ± 0.010 |" in vse_shapes and vse_shapes.endswith("| n/a | n/a | n/a |")
     lines = [ln for ln in baseline_findings(runs, stats) if ln.startswith("- ")]
-    assert len(lines) == len(runs) * len(DIRECTIONS)
+    assert len(lines) == 2 * len(runs) * len(DIRECTIONS)  # the best one, then the means'
     assert lines[0] == (
         "- vse, i2t: reject score nAUPRC behind by 0.200 (0.210 vs 0.410, spread 0.010) "
         "against top-1 instab., the best training-free baseline: does not beat it."
+    )
+    assert lines[len(runs) * len(DIRECTIONS)] == (
+        "- vse, i2t: reject score nAUPRC behind by 0.090 (0.210 vs 0.300, spread 0.010) "
+        "against top-1 dist. of means, the baseline that reads no variance: does not beat it."
     )

@@ -14,6 +14,7 @@ from models.scoring.baseline_scores import (
     top1_distance,
     top1_instability,
     top1_margin,
+    top1_mean_distance,
 )
 
 
@@ -22,11 +23,15 @@ def loop_first(row: list[float]) -> int:
     return sorted(range(len(row)), key=lambda m: (row[m], m))[0]
 
 
-def loop_baselines(distances: np.ndarray, mc_distances: np.ndarray | None) -> dict[str, list]:
+def loop_baselines(
+    distances: np.ndarray, mc_distances: np.ndarray | None, means: tuple | None = None
+) -> dict[str, list]:
     """Each baseline of each query by a loop over its sorted finite distances."""
     out: dict[str, list] = {"top1_distance": [], "top1_margin": []}
     if mc_distances is not None:
         out["top1_instability"] = []
+    if means is not None:
+        out["top1_mean_distance"] = []
     for q, row in enumerate(distances.tolist()):
         ranked = sorted(row)
         finite = [d for d in ranked if math.isfinite(d)]
@@ -36,6 +41,12 @@ def loop_baselines(distances: np.ndarray, mc_distances: np.ndarray | None) -> di
             first = loop_first(row)
             draws = [loop_first(draw[q].tolist()) for draw in mc_distances]
             out["top1_instability"].append(1.0 - sum(f == first for f in draws) / len(draws))
+        if means is not None:
+            query_mu, candidate_mu = means
+            first_mu = candidate_mu[q][loop_first(row)]
+            out["top1_mean_distance"].append(
+                sum((float(a) - float(b)) ** 2 for a, b in zip(query_mu[q], first_mu, strict=True))
+            )
     return out
 
 
@@ -52,9 +63,12 @@ def random_case(rng: np.random.Generator, q: int, m: int, draws: int):
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("shape", [(7, 1, 3), (9, 2, 1), (20, 6, 5), (30, 12, 8)])
 def test_baselines_match_a_sorted_loop(seed: int, shape: tuple[int, int, int]) -> None:
-    distances, mc = random_case(np.random.default_rng(seed), *shape)
-    got = baseline_scores(distances, mc)
-    expected = loop_baselines(distances, mc)
+    rng = np.random.default_rng(seed)
+    distances, mc = random_case(rng, *shape)
+    q, m = shape[:2]
+    means = (rng.normal(size=(q, 4)), rng.normal(size=(q, m, 4)))
+    got = baseline_scores(distances, mc, means)
+    expected = loop_baselines(distances, mc, means)
     assert list(got) == list(BASELINE_NAMES)
     for name in BASELINE_NAMES:
         assert got[name].dtype == np.float64 and got[name].shape == (shape[0],)
@@ -80,6 +94,18 @@ def test_ties_and_padding_by_hand() -> None:
     np.testing.assert_allclose(scores["top1_distance"], [0.3, 0.5, 0.2])
     np.testing.assert_allclose(scores["top1_margin"], [0.0, 0.0, -0.5])
     np.testing.assert_allclose(scores["top1_instability"], [0.5, 0.0, 0.5])
+
+
+def test_the_mean_distance_reads_the_first_result_and_no_variance() -> None:
+    distances = np.array([[0.9, 0.2, 0.7], [0.4, 0.4, 0.1]])  # first results: 1 and 2
+    query_mu = np.array([[0.0, 0.0], [1.0, 1.0]])
+    candidate_mu = np.array(
+        [[[5.0, 5.0], [3.0, 4.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0], [1.0, 3.0]]]
+    )
+    np.testing.assert_allclose(top1_mean_distance(query_mu, candidate_mu, distances), [25, 4])
+    tie = np.array([[0.3, 0.3, 0.9]])  # an exact tie goes to the earlier candidate
+    np.testing.assert_allclose(top1_mean_distance(query_mu[:1], candidate_mu[:1], tie), [50])
+    assert "top1_mean_distance" not in baseline_scores(distances)
 
 
 def test_without_draws_there_is_no_instability() -> None:

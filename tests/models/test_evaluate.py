@@ -171,8 +171,9 @@ def loop_instability(row: list[float], draws: list[list[float]]) -> tuple[float,
 
 
 def test_baselines_come_from_each_querys_own_shortlist(embedded: SplitEmbeddings) -> None:
-    """top1_distance, top1_margin and top1_instability of direction_scores against a loop over
-    each query's sorted shortlist distances and its draws' own first results."""
+    """top1_distance, top1_margin, top1_instability and top1_mean_distance of direction_scores
+    against a loop over each query's sorted shortlist distances, its draws' own first results
+    and the means of its first result."""
     queries, gallery = embedded.images, embedded.captions
     rng = np.random.default_rng(1)
     shortlist = np.stack([rng.permutation(gallery.mu.shape[0])[:6] for _ in queries.mu])
@@ -196,6 +197,9 @@ def test_baselines_come_from_each_querys_own_shortlist(embedded: SplitEmbeddings
         ]
         low, high = loop_instability(row, draws)
         assert low - 1e-12 <= values["top1_instability"][q] <= high + 1e-12
+        first = gallery.mu[shortlist[q][row.index(ranked[0])]].astype(np.float64)
+        mean_distance = float(((queries.mu[q].astype(np.float64) - first) ** 2).sum())
+        assert values["top1_mean_distance"][q] == pytest.approx(mean_distance, rel=1e-5)
     assert not any(name.startswith("top1_") and "@T" in name for name in values)
     expected_variance = np.exp(queries.logvar.astype(np.float64)).sum(axis=1)
     np.testing.assert_allclose(values["total_variance"], expected_variance, rtol=1e-5)
