@@ -10,7 +10,9 @@ scores them (the direction's default metric, 10 MC draws, the top 100); a logist
 of "the first result is a plausible match" on the standardised scores is fitted on val (L2,
 C = 1, torch LBFGS) and its negated logit is the reject score on test. Writes, mean ± sd over
 the models: test nAUPRC of the top-1 distance, of the val-chosen learned score, and of each
-fitted combination.
+fitted combination. Where the evaluation reports the top-1 distance of the means alone
+(models.scoring.baseline_scores.top1_mean_distance, which reads no variance), that distance and
+the learned scores fitted with it are read too.
 
     python benchmarks/reject_combination.py --data runs/mc-count/data \\
         --models runs/mc-count/models/gcie-count-nce/seed0,...
@@ -130,6 +132,13 @@ def one_model(model_dir: Path, data: Path, seed: int) -> dict[str, dict[str, flo
                 combination([*learned, "top1_distance"], v, v_ok, t), t_ok
             ),
         }
+        if "top1_mean_distance" in usable:
+            result[direction] |= {
+                "top-1 distance of the means": nauprc(t["top1_mean_distance"], t_ok),
+                "fitted: learned scores + top-1 distance of the means": nauprc(
+                    combination([*learned, "top1_mean_distance"], v, v_ok, t), t_ok
+                ),
+            }
     return result
 
 
