@@ -30,6 +30,7 @@ VARIANCE_OBJECTIVES: tuple[str, ...] = (
     "spread",
     "gallery_spread",
     "plausible_count",
+    "partner_distance",
     "pcmepp",
 )
 OBJECTIVES: tuple[str, ...] = ("hinge", "infonce", "pcme", "pcmepp")
@@ -540,7 +541,8 @@ class TrainConfig:
         Option(
             "'' | spread (the spread of the plausible matches in the batch) | gallery_spread "
             "(the same over the training split) | plausible_count (floor to gallery spread, "
-            "geometric in #plausible) | pcmepp (PCME++ on the detached means)"
+            "geometric in #plausible) | partner_distance (mean square distance to the "
+            "plausible matches over the training split) | pcmepp (PCME++ on the detached means)"
         ),
     ] = ""
     # Which pairs of a batch are never negatives; with "plausible_images" an image still ranks

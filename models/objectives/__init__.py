@@ -10,8 +10,9 @@ loss on the detached means: "pcmepp" fits PCME++'s match probability sigmoid(-a 
 "spread" makes each variance the spread of the item's plausible matches in the batch (it
 needs a dataset that records what each caption names; with own pairs only, every item has
 one partner and gets the floor variance); "gallery_spread" the same over the whole training
-split, and "plausible_count" a target that grows with the item's number of plausible matches
-in the training split; the training loop computes these two each epoch
+split, "plausible_count" a target that grows with the item's number of plausible matches
+in the training split, and "partner_distance" the mean square distance from the item's mean to
+its plausible matches' there; the training loop computes these three each epoch
 (models.training.gallery_spread).
 """
 

@@ -105,6 +105,24 @@ def partner_variance(partner_mu: torch.Tensor, weights: torch.Tensor) -> torch.T
     return spread.clamp_min(0.0)
 
 
+def residual_target(
+    item_mu: torch.Tensor, partner_mu: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """The variance variance_objective "partner_distance" fits: for each item (N, D) and the
+    column of weights (P, N), dense or sparse COO, that picks its partners among partner_mu
+    (P, D), the per-dimension mean of (mu_partner - mu_item)^2 over them, plus SPREAD_FLOOR
+    (the floor alone for an item with no partner). (N, D).
+
+    It is the heteroscedastic regression target of ProbVLM-style adapters: the variance a
+    Gaussian centred on the item needs to hold its partners, so a query whose right answers lie
+    far from it gets a large variance. The mean square splits as the partners' spread plus the
+    square of their centre's offset from the item."""
+    count = partner_count(weights)  # (N, 1)
+    centre = (weights.t() @ partner_mu) / count.clamp_min(1.0)  # (N, D)
+    offset = torch.where(count > 0, (centre - item_mu).pow(2), torch.zeros_like(item_mu))
+    return partner_variance(partner_mu, weights) + offset + SPREAD_FLOOR
+
+
 def count_target(count: torch.Tensor, total: int, gallery: torch.Tensor) -> torch.Tensor:
     """The variance variance_objective "plausible_count" fits (models.training.gallery_spread):
     geometrically between SPREAD_FLOOR and the gallery's spread by the share of the log count,

@@ -19,6 +19,13 @@ cached backbone features; the means belong to the retrieval objective).
   count itself (+0.79 on val with a ridge map;
   benchmarks/results/spread_gallery_clipart.md). Only the gallery's spread, which sets the
   scale, comes from the means.
+- "partner_distance": each caption's variance is fitted to the mean square distance from its
+  mean to its plausible images' means (regularizers.residual_target), and each image's to
+  its plausible captions': the heteroscedastic target of ProbVLM-style adapters, a variance
+  that grows where the right answers lie far from the query. Why: the variances above follow
+  ambiguity, and a vague query's first answer is more often right, so no score read from them
+  tells a wrong answer from a right one better than the distance of the means
+  (benchmarks/results/reject_means_clipart.md); this one is fitted to how far the answers are.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from models.objectives.regularizers import (
     count_target,
     partner_count,
     partner_variance,
+    residual_target,
     spread_target,
 )
 
@@ -99,6 +107,20 @@ def plausible_count(
     )
 
 
+def partner_distance(
+    image_mu: torch.Tensor, caption_mu: torch.Tensor, plausible: torch.Tensor
+) -> GallerySpread:
+    """The "partner_distance" targets, with the arguments of gallery_spread; the outlier's is
+    the caption gallery's spread, as there."""
+    image_mu, caption_mu, plausible = _detached(image_mu, caption_mu, plausible)
+    every_caption = caption_mu.new_ones(len(caption_mu), 1)
+    return GallerySpread(
+        images=residual_target(image_mu, caption_mu, plausible),
+        captions=residual_target(caption_mu, image_mu, plausible.t()),
+        outlier=spread_target(caption_mu, every_caption)[0],
+    )
+
+
 # (image_mu, caption_mu, plausible) -> the epoch's targets
 GalleryTargets = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], GallerySpread]
 # The variance objectives whose targets the training loop computes each epoch, and how; the
@@ -106,4 +128,5 @@ GalleryTargets = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], GallerySpr
 GALLERY_TARGETS: dict[str, GalleryTargets] = {
     "gallery_spread": gallery_spread,
     "plausible_count": plausible_count,
+    "partner_distance": partner_distance,
 }

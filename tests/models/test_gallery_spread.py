@@ -13,7 +13,7 @@ from models.networks.probabilistic_model import load_model
 from models.networks.tokenizer import Tokenizer
 from models.objectives import BatchEmbeddings, batch_loss
 from models.objectives.regularizers import SPREAD_FLOOR, spread_nll, spread_target
-from models.training.gallery_spread import gallery_spread
+from models.training.gallery_spread import gallery_spread, partner_distance
 from models.training.train import _gallery_targets, encode_split, train
 from models.training.training_data import epoch_batches, load_splits
 
@@ -127,3 +127,30 @@ def test_training_with_it_gives_vaguer_captions_a_larger_log_det(
     ambiguity = np.log(val.plausible.sum(1).clamp_min(1).numpy())
     rho = spearmanr(caption_logvar.sum(1).numpy(), ambiguity).correlation
     assert rho > 0.4, rho
+
+
+def test_partner_distance_targets_match_a_loop_over_every_caption_and_image() -> None:
+    """variance_objective "partner_distance": each item's target is the mean over its
+    plausible partners of (mu_partner - mu_item)^2 plus the floor, by a loop; an item with no
+    partner gets the floor alone."""
+    rng = np.random.default_rng(1)
+    image_mu, caption_mu = rng.normal(size=(30, 4)), rng.normal(size=(20, 4))
+    plausible = rng.random((20, 30)) < 0.15  # (C, I)
+    plausible[2] = False
+    plausible[5] = np.arange(30) == 3
+
+    def loop(item: np.ndarray, partners: np.ndarray) -> np.ndarray:
+        if not partners.any():
+            return np.full(item.shape, SPREAD_FLOOR)
+        return np.mean([(p - item) ** 2 for p in partners], axis=0) + SPREAD_FLOOR
+
+    for matrix in (torch.from_numpy(plausible).double().to_sparse(), torch.from_numpy(plausible)):
+        got = partner_distance(torch.from_numpy(image_mu), torch.from_numpy(caption_mu), matrix)
+        for c in range(20):
+            want = loop(caption_mu[c], image_mu[plausible[c]])
+            np.testing.assert_allclose(got.captions[c], want, rtol=1e-9)
+        for i in range(30):
+            want = loop(image_mu[i], caption_mu[plausible[:, i]])
+            np.testing.assert_allclose(got.images[i], want, rtol=1e-9)
+    np.testing.assert_allclose(got.captions[2], SPREAD_FLOOR)
+    np.testing.assert_allclose(got.captions[5], (image_mu[3] - caption_mu[5]) ** 2 + SPREAD_FLOOR)
