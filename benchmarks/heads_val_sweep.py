@@ -44,6 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # whose variance is one constant.
 FIGURES = ("i2t_P@1", "i2t_R-P", "t2i_P@1", "t2i_R-P", "val_score", "t2i_log-det_rho")
 FIGURES += ("t2i_var-sum_rho",)
+# Normalised AUPRC of refusing wrong first answers on val: two learned scores (top_mahalanobis,
+# what calibration picks for the demo's heads, and the log-det) and the distance of the means
+# alone, the training-free yardstick no variance enters (models.scoring.baseline_scores).
+REJECTION = {"top_mahalanobis": "top-maha", "log_det": "log-det", "top1_mean_distance": "means"}
+FIGURES += tuple(f"{d}_{label}_nauprc" for d in ("i2t", "t2i") for label in REJECTION.values())
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -102,6 +107,10 @@ def run_seed(
         retrieval = report["metrics"][metric][direction]["retrieval"]
         figures[f"{direction}_P@1"] = retrieval["P@1"]
         figures[f"{direction}_R-P"] = retrieval["r_precision"]
+        rejection = report["metrics"][metric][direction]["rejection"]
+        for name, label in REJECTION.items():
+            value = rejection.get(name, {}).get("normalized_auprc")
+            figures[f"{direction}_{label}_nauprc"] = math.nan if value is None else value
     ambiguity = report["metrics"][metric]["t2i"]["ambiguity_spearman"]
     figures["t2i_log-det_rho"] = ambiguity.get("log_det", math.nan)
     figures["t2i_var-sum_rho"] = ambiguity.get("total_variance", math.nan)
@@ -123,7 +132,7 @@ def cell(values: list[float], digits: int = 1) -> str:
 
 
 def figure_digits(name: str) -> int:
-    return 2 if name.endswith("rho") else 1
+    return 3 if name.endswith("nauprc") else 2 if name.endswith("rho") else 1
 
 
 def write_table(out: Path, args: argparse.Namespace, runs: list[Run], results: dict) -> None:
@@ -144,7 +153,7 @@ def write_table(out: Path, args: argparse.Namespace, runs: list[Run], results: d
     for run in runs:
         seeds = [results[run.name, s] for s in args.seeds]
         settings = ", ".join(f"{k}={v}" for k, v in {**run.model, **run.training}.items())
-        cells = [cell([r[f] for r in seeds], figure_digits(f)) for f in FIGURES]
+        cells = [cell([r.get(f, math.nan) for r in seeds], figure_digits(f)) for f in FIGURES]
         epochs = ", ".join(str(r["best_epoch"]) for r in seeds)
         lines.append(f"| {run.name} | {settings} | " + " | ".join(cells) + f" | {epochs} |")
     out.write_text("\n".join(lines) + "\n")
