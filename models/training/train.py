@@ -290,8 +290,8 @@ def _gallery_targets(
     model: ProbabilisticModel, split: SplitTensors, config: TrainConfig, device: torch.device
 ) -> GallerySpread | None:
     """The epoch's whole-gallery targets (variance_objective "gallery_spread",
-    "plausible_count" or "partner_distance"), from the deterministic means of the heads as they start the epoch;
-    None for other objectives."""
+    "plausible_count" or "partner_distance"), from the deterministic means of the heads as they
+    start the epoch; None for other objectives."""
     targets = GALLERY_TARGETS.get(config.variance_objective)
     if targets is None or model.config.model_type == "pvse":
         return None
