@@ -19,6 +19,9 @@ import os
 import signal
 import socket
 import sys
+import time
+from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -27,7 +30,8 @@ from models.settings import Settings
 
 log = logging.getLogger("probsearch.workers")
 
-RESTART_LIMIT = 5  # worker deaths the server replaces before it gives up
+RESTART_LIMIT = 5  # worker deaths within RESTART_WINDOW_S the server replaces, then gives up
+RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 30.0  # how long a worker may take to finish its requests on shutdown
 CANNOT_LISTEN = 3  # a worker's exit status when its port cannot be bound: not worth a restart
 STOPPED = (-signal.SIGINT, -signal.SIGTERM, 0)  # a worker that was told to stop, or did
@@ -60,6 +64,29 @@ def check_port_free(host: str, port: int) -> None:
         socket.create_server((host, port), family=family).close()
     except OSError as error:
         raise OSError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+class RestartBudget:
+    """At most `limit` replaced workers in any `window_s` seconds. A worker that keeps dying at
+    start-up (a bad model, no memory) stops the server within a minute rather than looping;
+    one that dies now and then over weeks is replaced every time."""
+
+    def __init__(
+        self,
+        limit: int = RESTART_LIMIT,
+        window_s: float = RESTART_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self.deaths: deque[float] = deque()
+
+    def allows_another(self) -> bool:
+        """Count one more death now; False once more than `limit` fall in the window."""
+        now = self.clock()
+        self.deaths.append(now)
+        while self.deaths[0] <= now - self.window_s:
+            self.deaths.popleft()
+        return len(self.deaths) <= self.limit
 
 
 def _worker(settings: Settings, log_level: str) -> None:
@@ -98,7 +125,7 @@ def run_workers(settings: Settings, log_level: str) -> int:
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     processes = [start() for _ in range(settings.workers)]
     log.info("%d worker processes on %s:%d", settings.workers, settings.host, settings.port)
-    deaths, gave_up = 0, False
+    budget, gave_up = RestartBudget(), False
     try:
         while not stopping:
             for sentinel in wait([p.sentinel for p in processes], timeout=0.5):
@@ -107,8 +134,7 @@ def run_workers(settings: Settings, log_level: str) -> int:
                 if stopping or dead.exitcode in STOPPED:
                     stopping = True  # Ctrl-C reaches the whole process group, workers first
                     break
-                deaths += 1
-                if dead.exitcode == CANNOT_LISTEN or deaths > RESTART_LIMIT:
+                if dead.exitcode == CANNOT_LISTEN or not budget.allows_another():
                     log.error("worker %d exited with %s; stopping", dead.pid, dead.exitcode)
                     stopping = gave_up = True
                     break

@@ -11,12 +11,36 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.worker_processes import check_port_free, reuse_port_socket
+from service.worker_processes import RestartBudget, check_port_free, reuse_port_socket
 from tests.service.conftest import Artifacts, wait_for
 from tests.service.test_metrics_workers import STARTED, two_workers
 from tests.service.test_resilience import free_port
 
 CONNECTIONS = 32
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_restart_budget_counts_deaths_in_a_sliding_window() -> None:
+    clock = FakeClock()
+    budget = RestartBudget(limit=3, window_s=60.0, clock=clock)
+    assert [budget.allows_another() for _ in range(3)] == [True, True, True]
+    assert not budget.allows_another()  # a fourth within the minute: a crash loop
+    clock.now += 60.0  # every earlier death is a minute old: out of the window
+    assert budget.allows_another() and budget.allows_another()
+    clock.now += 59.0  # the last two are still inside it, and a third joins them
+    assert budget.allows_another()
+    assert not budget.allows_another()
+    spaced = RestartBudget(limit=3, window_s=60.0, clock=clock)
+    for _ in range(20):  # a death every 30 s is never more than 2 a minute
+        clock.now += 30.0
+        assert spaced.allows_another()
 
 
 def test_two_processes_sockets_share_the_port_and_both_get_connections() -> None:
