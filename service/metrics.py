@@ -134,8 +134,15 @@ class ServiceMetrics:
 
     def close(self) -> None:
         """At a worker's exit: its gauges leave the live ones (its counts stay in the sums)."""
-        if shared_directory():
-            multiprocess.mark_process_dead(os.getpid())
+        forget_process(os.getpid())
+
+
+def forget_process(pid: int) -> None:
+    """Take process `pid`'s gauges out of the live ones (its counts stay in the sums): at its
+    own exit, or from the parent when it died without one (a crash, SIGKILL), so its last
+    active version does not stay in /metrics' maximum."""
+    if shared_directory():
+        multiprocess.mark_process_dead(pid)
 
 
 def shared_directory() -> str | None:

@@ -27,6 +27,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from models.settings import Settings
+from service.metrics import forget_process
 
 log = logging.getLogger("probsearch.workers")
 
@@ -131,6 +132,7 @@ def run_workers(settings: Settings, log_level: str) -> int:
             for sentinel in wait([p.sentinel for p in processes], timeout=0.5):
                 dead = next(p for p in processes if p.sentinel == sentinel)
                 dead.join()
+                forget_process(dead.pid)
                 if stopping or dead.exitcode in STOPPED:
                     stopping = True  # Ctrl-C reaches the whole process group, workers first
                     break

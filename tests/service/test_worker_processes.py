@@ -96,14 +96,26 @@ def started_workers(log: Path) -> list[int]:
 def test_a_worker_that_dies_is_replaced(artifacts: Artifacts, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     with two_workers(artifacts, log) as (url, _):
-        os.kill(started_workers(log)[0], signal.SIGKILL)
+        killed = started_workers(log)[0]
+        folder = metrics_folder(killed)
+        live = sorted(folder.glob(f"gauge_live*_{killed}.db"))
+        assert live, "the worker keeps live gauges (its active version)"
+        os.kill(killed, signal.SIGKILL)
         wait_for(lambda: log.read_text().count(STARTED) == 3, 120, "a third worker to start")
+        assert not any(path.exists() for path in live), "a dead worker's gauges stay live"
         for n in range(8):  # each on a connection of its own, so either worker may answer
             with httpx.Client(base_url=url, timeout=30) as fresh:
                 search = fresh.post("/search/text", json={"text": f"a red circle {n}", "k": 1})
             assert search.status_code == 200, search.text
     assert len(started_workers(log)) == 3
     assert "exited with -9; starting another" in log.read_text()
+
+
+def metrics_folder(pid: int) -> Path:
+    """The PROMETHEUS_MULTIPROC_DIR that `serve` made and handed to worker `pid`."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    value = next(v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
+    return Path(value.split(b"=", 1)[1].decode())
 
 
 def test_ctrl_c_stops_every_worker_quietly(artifacts: Artifacts, tmp_path: Path) -> None:
