@@ -264,13 +264,28 @@ def prepare_data(work: Path, args: argparse.Namespace) -> tuple[Path, float, boo
     if (saved := reusable(marker, settings)) is not None and (data / "dataset.json").is_file():
         return data, saved["seconds"], True
     started = time.perf_counter()
-    if args.dataset == "clipart":
+    if args.data_from:
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.copytree(args.data_from, data)
+    elif args.dataset == "clipart":
         write_clipart(data, overwrite=True, progress=False)
     else:
         generate_shapes(data, args.images, args.data_seed, overwrite=True, progress=False)
     seconds = time.perf_counter() - started
     save_marker(marker, settings, {"seconds": seconds})
     return data, seconds, False
+
+
+def data_from_problem(folder: Path, clipart: bool) -> str | None:
+    """Why `folder` cannot seed the work dir's data (None when it can): only a clip-art
+    dataset, which is the same wherever it is made, may stand in for rendering it."""
+    if not clipart:
+        return "only with --dataset clipart (a shapes dataset depends on its seed and size)"
+    try:
+        name = json.loads((folder / "dataset.json").read_text()).get("name")
+    except (OSError, ValueError) as error:
+        return f"no readable dataset.json ({error})"
+    return None if name == "clipart" else f"a {name!r} dataset, not clip art"
 
 
 def data_settings(args: argparse.Namespace) -> dict:
@@ -952,8 +967,9 @@ def setup_lines(
         + ("reused" if info["data_reused"] else f"{info['data_seconds'] / 60:.1f} min")
         + f", training {fresh:.1f} min ({reused} of {len(trained)} models reused), evaluation "
         f"{info['eval'] / 60:.1f} min. From scratch (reused data and models counted with the "
-        f"time they took when made) it takes about {scratch / 60:.1f} min; training time per "
-        "model: the training table.",
+        f"time they took when made) it takes about {scratch / 60:.1f} min"
+        + (f" and the data's rendering (copied from {args.data_from})" if args.data_from else "")
+        + "; training time per model: the training table.",
     ]
 
 
@@ -1063,6 +1079,12 @@ def parse_args() -> argparse.Namespace:
         f"{BACKBONES['text_backbone']})",
     )
     parser.add_argument("--work-dir", type=Path, help="default: runs/model_comparison[_clipart]")
+    parser.add_argument(
+        "--data-from", type=Path,
+        help="with --dataset clipart: a clip-art dataset already made (the demo's "
+        ".cache/demo/data) copied into the work dir, cached features with it, instead of "
+        "rendering the drawings again",
+    )  # fmt: skip
     parser.add_argument("--doc", type=Path, help="default: docs/results.md or results-clipart.md")
     parser.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args()
@@ -1071,6 +1093,8 @@ def parse_args() -> argparse.Namespace:
         parser.error("--backbones goes with --dataset clipart")
     if (args.image_backbone or args.text_backbone) and not args.backbones:
         parser.error("--image-backbone and --text-backbone go with --backbones")
+    if args.data_from and (problem := data_from_problem(args.data_from, clipart)):
+        parser.error(f"--data-from {args.data_from}: {problem}")
     name = "_clipart" * clipart + "_backbones" * args.backbones
     args.work_dir = args.work_dir or ROOT / "runs" / f"model_comparison{name}"
     args.doc = args.doc or ROOT / "docs" / f"results{name.replace('_', '-')}.md"

@@ -1,12 +1,14 @@
 """benchmarks/model_comparison.py's command line: --image-backbone swaps every selected backbone
 run's image backbone and nothing else, goes only with --backbones, and the rejection plot is
-named after the doc, so a comparison written to its own doc never overwrites another's plot."""
+named after the doc, so a comparison written to its own doc never overwrites another's plot;
+--data-from seeds the work dir with a clip-art dataset already made, and nothing else."""
 
+import json
 import sys
 
 import pytest
 
-from benchmarks.model_comparison import PRETRAINED_RUNS, parse_args
+from benchmarks.model_comparison import PRETRAINED_RUNS, parse_args, prepare_data
 
 
 def parsed(monkeypatch, *argv: str):
@@ -46,3 +48,37 @@ def test_image_backbone_needs_backbones(monkeypatch) -> None:
 )  # fmt: skip
 def test_the_plot_is_named_after_the_doc(monkeypatch, argv, plot) -> None:
     assert parsed(monkeypatch, *argv).plot_name == plot
+
+
+def test_data_from_copies_a_clipart_dataset_into_the_work_dir(monkeypatch, tmp_path) -> None:
+    source = tmp_path / "demo-data"
+    (source / "features").mkdir(parents=True)
+    (source / "dataset.json").write_text('{"name": "clipart"}')
+    (source / "features" / "val-text.npz").write_bytes(b"cached")
+    work = tmp_path / "work"
+    args = parsed(monkeypatch, "--dataset", "clipart", "--data-from", str(source),
+                  "--work-dir", str(work))  # fmt: skip
+    data, _, reused = prepare_data(work, args)
+    assert data == work / "data" and not reused
+    assert (data / "features" / "val-text.npz").read_bytes() == b"cached"
+    (source / "dataset.json").write_text('{"name": "changed"}')  # now the marker says reuse
+    assert prepare_data(work, args)[2] and json.loads((data / "dataset.json").read_text()) == {
+        "name": "clipart"
+    }
+
+
+@pytest.mark.parametrize(
+    ("dataset", "content", "message"),
+    [
+        ("shapes", '{"name": "clipart"}', "only with --dataset clipart"),
+        ("clipart", '{"name": "shapes"}', "not clip art"),
+        ("clipart", None, "no readable dataset.json"),
+    ],
+)
+def test_data_from_refuses_what_is_not_clip_art(monkeypatch, tmp_path, capsys, dataset,
+                                                content, message) -> None:  # fmt: skip
+    if content is not None:
+        (tmp_path / "dataset.json").write_text(content)
+    with pytest.raises(SystemExit):
+        parsed(monkeypatch, "--dataset", dataset, "--data-from", str(tmp_path))
+    assert message in capsys.readouterr().err
