@@ -26,6 +26,9 @@ cached backbone features; the means belong to the retrieval objective).
   ambiguity, and a vague query's first answer is more often right, so no score read from them
   tells a wrong answer from a right one better than the distance of the means
   (benchmarks/results/reject_means_clipart.md); this one is fitted to how far the answers are.
+  On clip-art val its log-det does refuse wrong answers, but no better than the distance of the
+  means, and the caption log-det turns against ambiguity
+  (benchmarks/results/partner_distance_val.md), so the demo keeps "plausible_count".
 """
 
 from __future__ import annotations
