@@ -18,10 +18,7 @@ beside the means' top-1 distance, the pair fitted on one half of val and read on
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +26,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.reject_combination import DIRECTIONS, cross_fitted, mean_sd, nauprc, scored
+from benchmarks.reject_combination import (
+    DIRECTIONS,
+    cross_fitted,
+    mean_sd,
+    nauprc,
+    run_line,
+    run_models,
+    scored,
+)
 from models.backbones.feature_cache import split_features
 from models.backbones.registry import load_backbone
 from models.datasets.records import load_dataset, plausible_match_matrix
@@ -113,10 +118,8 @@ def render(args: argparse.Namespace, runs: list[dict], seconds: float) -> str:
     lines = [
         "# A head trained to predict a wrong answer, against the distance of the means (val)",
         "",
-        f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load (1 min) {os.getloadavg()[0]:.1f}; wall time "
-        f"{seconds / 60:.1f} min; models: {', '.join(args.models)}; data: {args.data}; "
-        f"{args.components} principal components, ridge {args.ridge}, T {args.temperature}.",
+        f"{run_line(args, seconds)}; {args.components} principal components, ridge "
+        f"{args.ridge}, T {args.temperature}.",
         "",
         "Val nAUPRC (0 chance, 1 oracle) of refusing a wrong first answer, mean ± sd over the "
         "models (one training seed each). The prediction is fitted on the training split; "
@@ -140,13 +143,8 @@ def main() -> None:
         "--out", type=Path, default=ROOT / "benchmarks/results/confidence_probe_val.md"
     )
     args = parser.parse_args()
-    args.models = args.models.split(",")
-    args.command = " ".join(["python benchmarks/confidence_probe.py", *sys.argv[1:]])
-    torch.set_num_threads(1)
-    started = time.perf_counter()
-    runs = [one_model(Path(m), args.data, seed, args) for seed, m in enumerate(args.models)]
-    args.out.write_text(render(args, runs, time.perf_counter() - started))
-    print(args.out.read_text())
+    run_models(args, "confidence_probe.py",
+               lambda model, seed: one_model(model, args.data, seed, args), render)  # fmt: skip
 
 
 if __name__ == "__main__":

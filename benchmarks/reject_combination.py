@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -181,13 +182,20 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {sd:.3f}"
 
 
+def run_line(args: argparse.Namespace, seconds: float) -> str:
+    """The command, machine, load, wall time, models and data of a run, for its results file."""
+    return (
+        f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load (1 min) {os.getloadavg()[0]:.1f}; wall time "
+        f"{seconds / 60:.1f} min; models: {', '.join(args.models)}; data: {args.data}"
+    )
+
+
 def render(args: argparse.Namespace, runs: list[dict], seconds: float) -> str:
     lines = [
         "# Reject scores fitted on val: does the model's uncertainty add to the top-1 distance?",
         "",
-        f"Command: `{args.command}`; machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load (1 min) {os.getloadavg()[0]:.1f}; wall time "
-        f"{seconds / 60:.1f} min; models: {', '.join(args.models)}; data: {args.data}.",
+        f"{run_line(args, seconds)}.",
         "",
         "Test nAUPRC (0 chance, 1 oracle) of each reject score, mean ± sd over the models (one "
         "training seed each); every fitted weight and every choice was made on val. The rows "
@@ -218,12 +226,24 @@ def main() -> None:
         "--out", type=Path, default=ROOT / "benchmarks/results/reject_combination.md"
     )
     args = parser.parse_args()
+    run_models(args, "reject_combination.py", lambda model, seed: one_model(model, args.data, seed),
+               render)  # fmt: skip
+
+
+def run_models(
+    args: argparse.Namespace,
+    script: str,
+    one: Callable[[Path, int], dict],
+    render_runs: Callable[[argparse.Namespace, list[dict], float], str],
+) -> None:
+    """Each of --models (comma-separated; the k-th is seed k) through `one`, on one torch
+    thread, then the rendered results written to --out and printed."""
     args.models = args.models.split(",")
-    args.command = " ".join(["python benchmarks/reject_combination.py", *sys.argv[1:]])
+    args.command = " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
     torch.set_num_threads(1)
     started = time.perf_counter()
-    runs = [one_model(Path(m), args.data, seed) for seed, m in enumerate(args.models)]
-    args.out.write_text(render(args, runs, time.perf_counter() - started))
+    runs = [one(Path(m), seed) for seed, m in enumerate(args.models)]
+    args.out.write_text(render_runs(args, runs, time.perf_counter() - started))
     print(args.out.read_text())
 
 
